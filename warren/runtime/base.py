@@ -1,0 +1,105 @@
+"""The seam between the orchestrator and an isolation backend.
+
+A backend turns a :class:`SandboxSpec` into a running guest agent reachable at
+``SandboxHandle.address:SandboxHandle.agent_port`` and tears it down again. It owns every host
+resource it makes for that (bundle dir, overlay mount, netns, veth, cgroups, runtime state) and a
+failure half-way through :meth:`Runtime.start` removes all of them before the error propagates.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+AGENT_PORT = 49983
+"""The port the guest agent listens on inside every sandbox (envd's port)."""
+
+AGENT_MOUNT = "/.agent"
+"""Where the read-only guest agent bundle is bind-mounted inside every sandbox."""
+
+
+class RuntimeKind(enum.StrEnum):
+    """Which isolation a sandbox runs under."""
+
+    RUNC = "runc"  # OCI containers through runc: the fast default
+    GVISOR = "gvisor"  # gVisor's runsc (ptrace platform): a user-space kernel, checkpoint/restore
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Per-sandbox limits, enforced with cgroups."""
+
+    cpu_count: int = 2
+    memory_mb: int = 512
+    pids_max: int = 1024
+    disk_mb: int = 2048
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything a backend needs to start one sandbox."""
+
+    sandbox_id: str
+    runtime: RuntimeKind
+    layers: tuple[Path, ...]
+    """Read-only rootfs layer directories, lowest (base) first."""
+    resources: Resources = field(default_factory=Resources)
+    agent_env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment for the guest agent process."""
+    allow_internet: bool = True
+
+
+@dataclass(frozen=True)
+class SandboxHandle:
+    """Where a started sandbox's agent can be reached."""
+
+    sandbox_id: str
+    runtime: RuntimeKind
+    address: str
+    agent_port: int = AGENT_PORT
+    init_pid: int | None = None
+
+
+@dataclass(frozen=True)
+class SandboxStats:
+    """Resource counters of one sandbox, read from its cgroups and upper dir."""
+
+    cpu_count: int
+    cpu_usage_ns: int
+    memory_used: int
+    memory_total: int
+    memory_cache: int
+    disk_used: int
+    disk_total: int
+
+
+class Runtime(Protocol):
+    """One isolation backend. Implementations: ``warren.runtime.oci.OciRuntime`` (runc, runsc)."""
+
+    kind: RuntimeKind
+
+    def probe(self) -> Mapping[str, Any]:
+        """What the startup probe found: ``{"available": bool, "reason": str, ...}``."""
+        ...
+
+    async def start(self, spec: SandboxSpec) -> SandboxHandle:
+        """Create every host resource and start the agent; do not wait for it to answer.
+
+        Raises ``RuntimeFailure`` after undoing everything it made.
+        """
+        ...
+
+    async def stop(self, sandbox_id: str) -> None:
+        """Kill the sandbox and remove everything it owns. Idempotent; never raises for a missing one."""
+        ...
+
+    async def state(self, sandbox_id: str) -> str | None:
+        """The runtime's view: ``"running"``, ``"paused"``, ``"stopped"``, or None when unknown."""
+        ...
+
+    async def stats(self, sandbox_id: str) -> SandboxStats:
+        """Counters for metrics. Raises ``NotFoundError`` for an unknown sandbox."""
+        ...
