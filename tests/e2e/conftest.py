@@ -1,0 +1,56 @@
+"""End-to-end fixtures: one real node per session, driven by the unmodified E2B SDK."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.framework.node import DEFAULT_CACHE, Node, running_node
+
+RUNTIMES = ["runc", "gvisor"]
+
+
+def _need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("end-to-end tests start real sandboxes and need root")
+    if not (DEFAULT_CACHE / "templates" / "base" / "rootfs").is_dir():
+        pytest.skip(f"no built-in templates in {DEFAULT_CACHE}: run `warren setup` (scripts/setup.sh) first")
+
+
+@pytest.fixture(scope="session")
+def node(tmp_path_factory: pytest.TempPathFactory, patched_runsc: Path) -> Iterator[Node]:
+    _need_root()
+    with running_node(tmp_path_factory.mktemp("node") / "state", runsc=patched_runsc) as n:
+        with n.client() as c:
+            src = str(DEFAULT_CACHE / "templates" / "base" / "rootfs")
+            r = c.post("/warren/templates/import", json={"path": src, "name": "base-gvisor", "runtime": "gvisor"})
+            assert r.status_code == 201, r.text
+        yield n
+
+
+@pytest.fixture(autouse=True)
+def _sdk_env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if "node" in request.fixturenames:
+        node = request.getfixturevalue("node")
+        for k, v in node.env().items():
+            monkeypatch.setenv(k, v)
+
+
+@pytest.fixture(params=RUNTIMES)
+def runtime(request: pytest.FixtureRequest, node: Node) -> str:
+    name = str(request.param)
+    if name == "gvisor":
+        with node.client() as c:
+            probe = c.get("/health").json()["runtimes"].get("gvisor", {})
+        if not probe.get("available"):
+            pytest.skip(f"gVisor unavailable on this node: {probe.get('reason')}")
+    return name
+
+
+@pytest.fixture
+def template(runtime: str) -> str:
+    """The base template for the runtime under test."""
+    return "base" if runtime == "runc" else "base-gvisor"

@@ -1,0 +1,144 @@
+"""What a sandbox must not reach or exhaust, checked from inside real sandboxes."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+from e2b import CommandExitException, Sandbox
+
+from tests.framework.node import Node
+
+_CONNECT = """
+import socket, sys
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+        print(target, "OPEN")
+    except OSError as exc:
+        print(target, "CLOSED", type(exc).__name__)
+"""
+_MY_ADDRESS = (
+    "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+    "s.connect(('10.255.255.255', 1)); print(s.getsockname()[0])"
+)
+_GATEWAY = (
+    "import socket, struct\n"
+    "for line in open('/proc/net/route').readlines()[1:]:\n"
+    "    f = line.split()\n"
+    "    if f[1] == '00000000': print(socket.inet_ntoa(struct.pack('<L', int(f[2], 16))))"
+)
+
+
+@pytest.fixture
+def sbx(node: Node, template: str) -> Iterator[Sandbox]:
+    box = Sandbox.create(template=template, timeout=300)
+    try:
+        yield box
+    finally:
+        box.kill()
+
+
+def _host_addresses() -> list[str]:
+    out = {"127.0.0.1"}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+            out.add(s.getsockname()[0])
+        except OSError:
+            pass
+    return sorted(out)
+
+
+def _probe(sbx: Sandbox, targets: list[str]) -> dict[str, str]:
+    sbx.files.write("/tmp/probe.py", _CONNECT)
+    out = sbx.commands.run("python3 /tmp/probe.py " + " ".join(targets), timeout=60).stdout
+    return {line.split()[0]: line.split()[1] for line in out.splitlines() if line.strip()}
+
+
+def test_cannot_see_host_processes_or_files(sbx: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> None:
+    marker = tmp_path_factory.mktemp("host-secret") / "secret.txt"
+    marker.write_text("host-only")
+    pids = sbx.commands.run("ls /proc | grep -c '^[0-9]'").stdout.strip()
+    assert int(pids) < 20
+    comms = sbx.commands.run("cat /proc/[0-9]*/comm", user="root").stdout
+    assert "pytest" not in comms and "warren" not in comms
+    with pytest.raises(CommandExitException):
+        sbx.commands.run(f"cat {marker}", user="root")
+    assert sbx.commands.run("hostname").stdout.strip() == sbx.sandbox_id
+    with pytest.raises(CommandExitException):
+        sbx.commands.run("touch /.agent/x", user="root")
+
+
+def test_cannot_reach_host_services_or_server(sbx: Sandbox, node: Node) -> None:
+    listener = socket.create_server(("0.0.0.0", 0))
+    port = listener.getsockname()[1]
+    accepted: list[object] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        sbx.files.write("/tmp/gw.py", _GATEWAY)
+        gateway = sbx.commands.run("python3 /tmp/gw.py").stdout.strip()
+        assert gateway
+        targets = [f"{a}:{p}" for a in [*_host_addresses(), gateway] for p in (port, node.port)]
+        results = _probe(sbx, targets)
+        assert results and all(v == "CLOSED" for v in results.values()), results
+        assert not accepted
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
+def test_cannot_reach_another_sandbox(sbx: Sandbox, node: Node, template: str) -> None:
+    other = Sandbox.create(template=template, timeout=120)
+    try:
+        other.commands.run("python3 -m http.server 8000", background=True)
+        other_ip = other.commands.run(f'python3 -c "{_MY_ADDRESS}"').stdout.strip()
+        assert other.commands.run("python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8000), 5)'",
+                                  timeout=30).exit_code == 0
+        results = _probe(sbx, [f"{other_ip}:8000", f"{other_ip}:49983"])
+        assert set(results.values()) == {"CLOSED"}, results
+    finally:
+        other.kill()
+
+
+def test_memory_bomb_is_oom_killed_and_sandbox_lives(sbx: Sandbox, node: Node) -> None:
+    bomb = "python3 -c 'a = []\nwhile True: a.append(bytearray(32 * 1024 * 1024))'"
+    with pytest.raises(CommandExitException) as info:
+        sbx.commands.run(bomb, timeout=120)
+    assert info.value.exit_code != 0
+    assert sbx.commands.run("echo alive").stdout.strip() == "alive"
+    assert node.proc is not None and node.proc.poll() is None
+
+
+def test_fork_bomb_stops_at_pids_limit(sbx: Sandbox) -> None:
+    script = (
+        "import os\n"
+        "n = 0\n"
+        "try:\n"
+        "    while n < 5000:\n"
+        "        if os.fork() == 0:\n"
+        "            os.execv('/bin/sleep', ['sleep', '60'])\n"
+        "        n += 1\n"
+        "    print('NOLIMIT', n)\n"
+        "except OSError as exc:\n"
+        "    print('LIMIT', n, exc.errno)\n"
+    )
+    sbx.files.write("/tmp/forks.py", script)
+    out = sbx.commands.run("python3 /tmp/forks.py", timeout=120).stdout.split()
+    assert out[0] == "LIMIT", out
+    assert int(out[1]) < 5000

@@ -1,0 +1,80 @@
+"""In-memory stand-ins for unit tests that must run without root.
+
+``FakeRuntime`` replaces runc/runsc (which need root, namespaces and cgroups) and
+``FakeAgent`` replaces the guest agent with a tiny asyncio HTTP server on loopback that answers
+``/health`` and ``/init``, so the orchestrator's real network code paths run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from warren.errors import NotFoundError, RuntimeFailure
+from warren.runtime.base import RuntimeKind, SandboxHandle, SandboxSpec, SandboxStats
+
+
+class FakeAgent:
+    """Answers /health with 204 and records /init bodies."""
+
+    def __init__(self) -> None:
+        self.inits: list[dict[str, Any]] = []
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        body = await reader.readexactly(length) if length else b""
+        if head.startswith(b"POST /init"):
+            self.inits.append(json.loads(body))
+        writer.write(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+
+class FakeRuntime:
+    """Records starts and stops; every sandbox's agent is the one ``FakeAgent``."""
+
+    def __init__(self, kind: RuntimeKind, agent: FakeAgent, *, available: bool = True) -> None:
+        self.kind = kind
+        self.agent = agent
+        self.available = available
+        self.running: dict[str, SandboxSpec] = {}
+        self.stopped: list[str] = []
+        self.fail_start = False
+
+    def probe(self) -> Mapping[str, Any]:
+        return {"available": self.available, "reason": "" if self.available else "fake: unavailable"}
+
+    async def start(self, spec: SandboxSpec) -> SandboxHandle:
+        if self.fail_start:
+            raise RuntimeFailure("fake start failure")
+        self.running[spec.sandbox_id] = spec
+        return SandboxHandle(spec.sandbox_id, self.kind, "127.0.0.1", agent_port=self.agent.port)
+
+    async def stop(self, sandbox_id: str) -> None:
+        self.running.pop(sandbox_id, None)
+        self.stopped.append(sandbox_id)
+
+    async def state(self, sandbox_id: str) -> str | None:
+        return "running" if sandbox_id in self.running else None
+
+    async def stats(self, sandbox_id: str) -> SandboxStats:
+        if sandbox_id not in self.running:
+            raise NotFoundError(sandbox_id)
+        return SandboxStats(1, 10**9, 100, 1000, 10, 5, 50)

@@ -1,0 +1,106 @@
+"""A real warren node in a subprocess (``warren serve``), for end-to-end tests and benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+DEFAULT_CACHE = Path(os.environ.get("WARREN_CACHE_DIR", "/var/cache/warren"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Node:
+    state_dir: Path
+    port: int
+    api_key: str
+    runsc: Path | None = None
+    cache_dir: Path = DEFAULT_CACHE
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log_path = self.state_dir.parent / f"{self.state_dir.name}-node.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """What the E2B SDK needs to talk to this node."""
+        return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url, "E2B_API_KEY": self.api_key}
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"X-API-Key": self.api_key}, timeout=60)
+
+    def start(self, timeout: float = 120.0) -> None:
+        argv = [
+            sys.executable, "-m", "warren.cli.main", "serve",
+            "--listen", f"127.0.0.1:{self.port}",
+            "--state-dir", str(self.state_dir),
+            "--cache-dir", str(self.cache_dir),
+        ]  # fmt: skip
+        if self.runsc is not None:
+            argv += ["--runsc", str(self.runsc)]
+        env = {**os.environ, "WARREN_API_KEY": self.api_key, "PYTHONUNBUFFERED": "1"}
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"warren serve exited with {self.proc.returncode}:\n{self.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.05)
+        self.stop(signal.SIGKILL)
+        raise RuntimeError(f"warren serve did not come up in {timeout}s:\n{self.log_tail()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def kill_all_sandboxes(self) -> None:
+        with self.client() as c:
+            for sbx in c.get("/v2/sandboxes").json():
+                c.delete(f"/sandboxes/{sbx['sandboxID']}")
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except FileNotFoundError:
+            return "(no log)"
+
+
+@contextlib.contextmanager
+def running_node(state_dir: Path, runsc: Path | None = None) -> Iterator[Node]:
+    node = Node(state_dir=state_dir, port=free_port(), api_key="wrn_test_" + os.urandom(8).hex(), runsc=runsc)
+    node.start()
+    try:
+        yield node
+    finally:
+        with contextlib.suppress(Exception):
+            node.kill_all_sandboxes()
+        node.stop()

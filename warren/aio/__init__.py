@@ -1,0 +1,30 @@
+"""Domain-free asyncio helpers. The only place outside TaskGroups where tasks are spawned."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+
+async def race(*coros: Coroutine[Any, Any, None], names: tuple[str, ...] = ()) -> None:
+    """Run coroutines side by side until the first one finishes; cancel and await the others.
+
+    The first one's exception, if any, propagates; the cancelled ones' outcomes are awaited so
+    nothing is left running.
+    """
+    tasks = [
+        asyncio.create_task(c, name=names[i] if i < len(names) else None) for i, c in enumerate(coros)
+    ]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in done:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            raise exc
+
+
+__all__ = ["race"]

@@ -1,0 +1,159 @@
+"""E2B wire shapes: request parsing and response bodies. No I/O."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+from ..errors import InvalidRequestError
+from ..orchestrator.requests import CreateRequest, ListQuery
+from ..orchestrator.states import SandboxState, public_state
+from ..store import SandboxRecord, TemplateRecord
+
+ENVD_VERSION = "0.6.4"
+"""The envd version the guest agent implements; the SDK unlocks features up to it."""
+CLIENT_ID = "warren"
+
+
+def parse_json_object(raw: bytes, *, allow_empty: bool = True) -> dict[str, Any]:
+    if not raw.strip():
+        if allow_empty:
+            return {}
+        raise InvalidRequestError("request body is empty; expected a JSON object")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(f"malformed JSON body: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequestError("request body must be a JSON object")
+    return body
+
+
+def _str_map(body: dict[str, Any], key: str) -> dict[str, str]:
+    value = body.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise InvalidRequestError(f"{key} must be an object of string values")
+    return dict(value)
+
+
+def optional_int(body: dict[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(f"{key} must be an integer")
+    return value
+
+
+def parse_create(body: dict[str, Any]) -> CreateRequest:
+    template = body.get("templateID")
+    if not isinstance(template, str) or not template:
+        raise InvalidRequestError("templateID is required")
+    secure = body.get("secure", True)
+    allow = body.get("allow_internet_access", body.get("allowInternetAccess", True))
+    runtime = body.get("runtime")
+    if runtime is not None and not isinstance(runtime, str):
+        raise InvalidRequestError("runtime must be a string")
+    return CreateRequest(
+        template=template,
+        timeout_s=optional_int(body, "timeout"),
+        metadata=_str_map(body, "metadata"),
+        env_vars=_str_map(body, "envVars"),
+        secure=secure is not False,
+        allow_internet=allow is not False,
+        runtime=runtime,
+    )
+
+
+def parse_list_query(params: dict[str, str]) -> ListQuery:
+    metadata: dict[str, str] = {}
+    if raw := params.get("metadata"):
+        metadata = {unquote(k): unquote(v) for k, v in parse_qsl(raw, keep_blank_values=True)}
+    states = frozenset({"running", "paused"})
+    if raw_state := params.get("state"):
+        states = frozenset(s.strip() for s in raw_state.split(",") if s.strip())
+        if not states <= {"running", "paused"}:
+            raise InvalidRequestError("state must be running and/or paused")
+    limit = None
+    if raw_limit := params.get("limit"):
+        try:
+            limit = int(raw_limit)
+        except ValueError:
+            raise InvalidRequestError("limit must be an integer") from None
+        if not 1 <= limit <= 1000:
+            raise InvalidRequestError("limit must be between 1 and 1000")
+    return ListQuery(metadata=metadata, states=states, limit=limit, next_token=params.get("nextToken"))
+
+
+def rfc3339(ts: float) -> str:
+    frac = f"{ts % 1:.6f}"[1:]
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + frac + "Z"
+
+
+def sandbox_body(rec: SandboxRecord, domain: str | None) -> dict[str, Any]:
+    """The ``Sandbox`` object of create and connect."""
+    return {
+        "templateID": rec.template_id,
+        "sandboxID": rec.id,
+        "alias": rec.alias,
+        "clientID": CLIENT_ID,
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": rec.access_token,
+        "trafficAccessToken": None,
+        "domain": domain,
+    }
+
+
+def listed_body(rec: SandboxRecord) -> dict[str, Any]:
+    """``ListedSandbox``."""
+    return {
+        "templateID": rec.template_id,
+        "alias": rec.alias,
+        "sandboxID": rec.id,
+        "clientID": CLIENT_ID,
+        "startedAt": rfc3339(rec.started_at),
+        "endAt": rfc3339(rec.end_at),
+        "cpuCount": rec.cpu_count,
+        "memoryMB": rec.memory_mb,
+        "diskSizeMB": rec.disk_mb,
+        "metadata": rec.metadata,
+        "state": public_state(SandboxState(rec.state)),
+        "envdVersion": ENVD_VERSION,
+        "runtime": rec.runtime,
+    }
+
+
+def detail_body(rec: SandboxRecord, domain: str | None) -> dict[str, Any]:
+    """``SandboxDetail``."""
+    return {
+        **listed_body(rec),
+        "envdAccessToken": rec.access_token,
+        "allowInternetAccess": rec.allow_internet,
+        "domain": domain,
+        "lifecycle": {"autoResume": False, "onTimeout": "kill"},
+    }
+
+
+def template_body(rec: TemplateRecord) -> dict[str, Any]:
+    return {
+        "templateID": rec.id,
+        "buildID": rec.id,
+        "names": [rec.name],
+        "aliases": [rec.name],
+        "public": False,
+        "cpuCount": rec.cpu_count,
+        "memoryMB": rec.memory_mb,
+        "diskSizeMB": rec.disk_mb,
+        "createdAt": rfc3339(rec.created_at),
+        "updatedAt": rfc3339(rec.created_at),
+        "buildStatus": "ready",
+        "runtime": rec.runtime,
+        "envdVersion": ENVD_VERSION,
+        "layers": list(rec.layers),
+    }

@@ -1,0 +1,70 @@
+"""The OpenAPI document served at ``/openapi.json`` (hand-kept; a unit test checks it covers every route)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ERROR = {
+    "type": "object",
+    "required": ["code", "message"],
+    "properties": {"code": {"type": "integer"}, "message": {"type": "string"}},
+}
+_SANDBOX = {
+    "type": "object",
+    "required": ["templateID", "sandboxID", "clientID", "envdVersion"],
+    "properties": {
+        k: {"type": "string"}
+        for k in ("templateID", "sandboxID", "clientID", "envdVersion", "alias", "envdAccessToken", "domain")
+    },
+}
+
+# (method, path, summary, success status, error statuses)
+_OPERATIONS: list[tuple[str, str, str, int, tuple[int, ...]]] = [
+    ("post", "/sandboxes", "Create a sandbox (v1)", 201, (400, 401, 404, 503)),
+    ("post", "/v2/sandboxes", "Create a sandbox", 201, (400, 401, 404, 503)),
+    ("get", "/sandboxes", "List running sandboxes (v1)", 200, (400, 401)),
+    ("get", "/v2/sandboxes", "List sandboxes (metadata, state, limit, nextToken)", 200, (400, 401)),
+    ("get", "/sandboxes/{sandboxID}", "Get a sandbox", 200, (401, 404)),
+    ("delete", "/sandboxes/{sandboxID}", "Kill a sandbox", 204, (401, 404)),
+    ("post", "/sandboxes/{sandboxID}/timeout", "Set the sandbox timeout (from now)", 204, (400, 401, 404)),
+    ("post", "/sandboxes/{sandboxID}/connect", "Connect: extend a running sandbox (v1)", 200, (401, 404)),
+    ("post", "/v2/sandboxes/{sandboxID}/connect", "Connect: extend a running sandbox", 200, (401, 404)),
+    ("get", "/sandboxes/{sandboxID}/metrics", "Sandbox metrics from cgroup counters", 200, (401, 404)),
+    ("get", "/templates", "List templates", 200, (401,)),
+    ("get", "/v2/templates", "List templates", 200, (401,)),
+    ("get", "/templates/{templateID}", "Get a template", 200, (401, 404)),
+    ("post", "/warren/templates/import", "Import a rootfs directory as a template", 201, (400, 401, 409)),
+    ("get", "/health", "Node health and runtime probe details (no auth)", 200, ()),
+    ("get", "/openapi.json", "This document (no auth)", 200, ()),
+]
+
+
+def _operation(summary: str, ok: int, errors: tuple[int, ...]) -> dict[str, Any]:
+    responses: dict[str, Any] = {str(ok): {"description": "success"}}
+    if ok in (200, 201):
+        responses[str(ok)]["content"] = {"application/json": {"schema": {}}}
+    for status in errors:
+        responses[str(status)] = {
+            "description": "error",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        }
+    return {"summary": summary, "responses": responses}
+
+
+def _paths() -> dict[str, Any]:
+    paths: dict[str, Any] = {}
+    for method, path, summary, ok, errors in _OPERATIONS:
+        paths.setdefault(path, {})[method] = _operation(summary, ok, errors)
+    return paths
+
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "warren", "version": "0.1.0", "description": "E2B-compatible sandbox control plane"},
+    "components": {
+        "schemas": {"Error": _ERROR, "Sandbox": _SANDBOX},
+        "securitySchemes": {"ApiKeyAuth": {"type": "apiKey", "in": "header", "name": "X-API-Key"}},
+    },
+    "security": [{"ApiKeyAuth": []}],
+    "paths": _paths(),
+}

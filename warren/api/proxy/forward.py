@@ -1,0 +1,187 @@
+"""Stream a request to a port inside a sandbox and the response back: HTTP (chunked, SSE) and WebSockets.
+
+The proxy is an ASGI wrapper around the control-plane app: requests with a sandbox target never
+reach the router.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import websockets
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ...aio import race
+from ...orchestrator.states import SandboxState
+from .routing import Target, target_of
+
+log = logging.getLogger(__name__)
+
+_HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+    }
+)
+Resolver = Callable[[str], "tuple[str, SandboxState] | None"]
+
+
+async def _send_json(send: Send, status: int, message: str) -> None:
+    body = json.dumps({"code": status, "message": message}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class SandboxProxy:
+    """ASGI app: forwards sandbox traffic, hands everything else to ``app``."""
+
+    def __init__(self, app: ASGIApp, resolve: Resolver, domain: str | None) -> None:
+        self._app = app
+        self._resolve = resolve
+        self._domain = domain
+        self._client = httpx.AsyncClient(
+            http1=True,
+            http2=False,
+            trust_env=False,
+            timeout=httpx.Timeout(connect=5.0, read=None, write=None, pool=None),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512, keepalive_expiry=30),
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            target = target_of(scope["headers"], self._domain)
+            if target is not None:
+                if scope["type"] == "http":
+                    await self._http(target, scope, receive, send)
+                else:
+                    await self._websocket(target, scope, receive, send)
+                return
+        await self._app(scope, receive, send)
+
+    def _upstream(self, target: Target) -> str | None:
+        route = self._resolve(target.sandbox_id)
+        if route is None or route[1] is not SandboxState.RUNNING or not 0 < target.port < 65536:
+            return None
+        return route[0]
+
+    async def _http(self, target: Target, scope: Scope, receive: Receive, send: Send) -> None:
+        address = self._upstream(target)
+        if address is None:
+            await _send_json(send, 502, f"The sandbox {target.sandbox_id} was not found")
+            return
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP_BY_HOP]
+        has_body = any(
+            (k.lower() == b"content-length" and v != b"0") or k.lower() == b"transfer-encoding"
+            for k, v in scope["headers"]
+        )
+        path = scope.get("raw_path") or scope["path"].encode()
+        query = scope.get("query_string", b"")
+        url = f"http://{address}:{target.port}{path.decode('latin-1')}" + (
+            f"?{query.decode('latin-1')}" if query else ""
+        )
+        request = self._client.build_request(
+            scope["method"], url, headers=headers, content=_body(receive) if has_body else None
+        )
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.ConnectError:
+            await _send_json(
+                send, 502, f"The sandbox {target.sandbox_id} is running but port {target.port} is not open"
+            )
+            return
+        except httpx.HTTPError as exc:
+            await _send_json(send, 502, f"The sandbox {target.sandbox_id} was not found: {exc}")
+            return
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status_code,
+                    "headers": [
+                        (k, v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP
+                    ],
+                }
+            )
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        except (httpx.HTTPError, OSError) as exc:
+            log.debug("proxy stream to %s ended early: %s", target.sandbox_id, exc)
+        finally:
+            await response.aclose()
+
+    async def _websocket(self, target: Target, scope: Scope, receive: Receive, send: Send) -> None:
+        address = self._upstream(target)
+        first = await receive()
+        if first["type"] != "websocket.connect":
+            return
+        if address is None:
+            await send({"type": "websocket.close", "code": 1011, "reason": "sandbox was not found"})
+            return
+        path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+        query = scope.get("query_string", b"").decode("latin-1")
+        url = f"ws://{address}:{target.port}{path}" + (f"?{query}" if query else "")
+        protocols = [websockets.Subprotocol(p) for p in scope.get("subprotocols", [])]
+        try:
+            upstream = await websockets.connect(url, subprotocols=protocols or None, open_timeout=5)
+        except (OSError, websockets.WebSocketException, TimeoutError) as exc:
+            await send({"type": "websocket.close", "code": 1011, "reason": f"upstream: {exc}"[:120]})
+            return
+        async with upstream:
+            await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
+            await _pump_websocket(upstream, receive, send)
+
+
+async def _pump_websocket(upstream: Any, receive: Receive, send: Send) -> None:
+    async def client_to_upstream() -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                await upstream.close()
+                return
+            data = message.get("bytes") if message.get("bytes") is not None else message.get("text")
+            await upstream.send(data)
+
+    async def upstream_to_client() -> None:
+        with contextlib.suppress(websockets.ConnectionClosed):
+            async for data in upstream:
+                key = "bytes" if isinstance(data, bytes) else "text"
+                await send({"type": "websocket.send", key: data})
+        await send({"type": "websocket.close", "code": upstream.close_code or 1000})
+
+    await race(
+        client_to_upstream(), upstream_to_client(), names=("ws-client-to-upstream", "ws-upstream-to-client")
+    )
+
+
+async def _body(receive: Receive) -> AsyncIterator[bytes]:
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        chunk = message.get("body", b"")
+        if chunk:
+            yield chunk
+        if not message.get("more_body", False):
+            return

@@ -1,0 +1,100 @@
+"""E2B sandbox routes: parse, call the orchestrator, serialize."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ...errors import InvalidRequestError
+from ..models import (
+    detail_body,
+    listed_body,
+    optional_int,
+    parse_create,
+    parse_json_object,
+    parse_list_query,
+    rfc3339,
+    sandbox_body,
+)
+from ..services import services
+
+
+async def create(request: Request) -> Response:
+    svc = services(request)
+    req = parse_create(parse_json_object(await request.body(), allow_empty=False))
+    record = await svc.manager.create(req)
+    return JSONResponse(sandbox_body(record, svc.settings.domain), status_code=201)
+
+
+async def list_sandboxes(request: Request) -> Response:
+    svc = services(request)
+    query = parse_list_query(dict(request.query_params))
+    page, next_token = svc.manager.list(query)
+    headers = {"x-next-token": next_token} if next_token else None
+    return JSONResponse([listed_body(r) for r in page], headers=headers)
+
+
+async def get_sandbox(request: Request) -> Response:
+    svc = services(request)
+    record = svc.manager.get(request.path_params["sandbox_id"])
+    return JSONResponse(detail_body(record, svc.settings.domain))
+
+
+async def kill(request: Request) -> Response:
+    await services(request).manager.kill(request.path_params["sandbox_id"])
+    return Response(status_code=204)
+
+
+async def set_timeout(request: Request) -> Response:
+    body = parse_json_object(await request.body(), allow_empty=False)
+    timeout = optional_int(body, "timeout")
+    if timeout is None:
+        raise InvalidRequestError("timeout is required")
+    await services(request).manager.set_timeout(request.path_params["sandbox_id"], timeout)
+    return Response(status_code=204)
+
+
+async def connect(request: Request) -> Response:
+    svc = services(request)
+    body = parse_json_object(await request.body())
+    record, resumed = await svc.manager.connect(
+        request.path_params["sandbox_id"], optional_int(body, "timeout")
+    )
+    return JSONResponse(sandbox_body(record, svc.settings.domain), status_code=201 if resumed else 200)
+
+
+async def metrics(request: Request) -> Response:
+    stats, cpu_pct = await services(request).manager.metrics(request.path_params["sandbox_id"])
+    now = time.time()
+    return JSONResponse(
+        [
+            {
+                "timestamp": rfc3339(now),
+                "timestampUnix": int(now),
+                "cpuCount": stats.cpu_count,
+                "cpuUsedPct": round(cpu_pct, 2),
+                "memUsed": stats.memory_used,
+                "memTotal": stats.memory_total,
+                "memCache": stats.memory_cache,
+                "diskUsed": stats.disk_used,
+                "diskTotal": stats.disk_total,
+            }
+        ]
+    )
+
+
+ROUTES = [
+    Route("/sandboxes", create, methods=["POST"]),
+    Route("/v2/sandboxes", create, methods=["POST"]),
+    Route("/sandboxes", list_sandboxes, methods=["GET"]),
+    Route("/v2/sandboxes", list_sandboxes, methods=["GET"]),
+    Route("/sandboxes/{sandbox_id}", get_sandbox, methods=["GET"]),
+    Route("/sandboxes/{sandbox_id}", kill, methods=["DELETE"]),
+    Route("/sandboxes/{sandbox_id}/timeout", set_timeout, methods=["POST"]),
+    Route("/sandboxes/{sandbox_id}/connect", connect, methods=["POST"]),
+    Route("/v2/sandboxes/{sandbox_id}/connect", connect, methods=["POST"]),
+    Route("/sandboxes/{sandbox_id}/metrics", metrics, methods=["GET"]),
+]

@@ -1,0 +1,30 @@
+"""What the HTTP layer is handed by the node: built in ``warren.node``, never global."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+
+from ..config import Settings
+from ..orchestrator.manager import SandboxManager
+from ..store import TemplateRecord, TemplateRepo
+
+
+@dataclass
+class Services:
+    settings: Settings
+    manager: SandboxManager
+    templates: TemplateRepo
+    api_key: str
+    probes: Callable[[], Mapping[str, Any]]
+    import_template: Callable[[Path, str, str | None], Awaitable[TemplateRecord]]
+
+
+def services(request: Request) -> Services:
+    svc = request.app.state.services
+    assert isinstance(svc, Services)
+    return svc

@@ -1,0 +1,42 @@
+"""Node settings: read once by the CLI (or a test) and passed down explicitly."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_CACHE_DIR = Path("/var/cache/warren")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a node needs to know at start; nothing reads the environment after this."""
+
+    state_dir: Path
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 3000
+    cache_dir: Path = DEFAULT_CACHE_DIR
+    runsc_path: Path | None = None
+    domain: str | None = None
+    api_key: str | None = None
+    """Overrides the key generated into the state dir (``WARREN_API_KEY``)."""
+    default_timeout_s: int = 300
+    max_timeout_s: int = 24 * 3600
+    network_cidr: str = "10.77.0.0/16"
+    node_name: str = "warren"
+    default_runtime: str = "runc"
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, state_dir: Path, **overrides: object) -> Settings:
+        """Settings with ``WARREN_*`` environment values applied, then explicit overrides."""
+        env: dict[str, object] = {}
+        if key := os.environ.get("WARREN_API_KEY"):
+            env["api_key"] = key
+        if cache := os.environ.get("WARREN_CACHE_DIR"):
+            env["cache_dir"] = Path(cache)
+        if runsc := os.environ.get("WARREN_RUNSC"):
+            env["runsc_path"] = Path(runsc)
+        env.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(state_dir=state_dir, **env)  # type: ignore[arg-type]

@@ -1,0 +1,188 @@
+"""The composition root: builds every service of a node, owns its TaskGroup, serves HTTP.
+
+``run_node(settings)`` is what the CLI calls; tests and benchmarks call :func:`serve` in-process with
+their own ``stop`` and ``ready`` events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from .api import Services, create_app
+from .api.auth import load_or_create_api_key
+from .config import Settings
+from .errors import ConflictError, InvalidRequestError
+from .orchestrator import SandboxManager
+from .orchestrator.manager import new_sandbox_id
+from .runtime.base import Runtime, RuntimeKind
+from .store import Database, SandboxRepo, TemplateRecord, TemplateRepo
+
+log = logging.getLogger("warren.node")
+
+_BUILTIN_RESOURCES = {"base": (2, 512), "busybox": (1, 256)}
+_GRACEFUL_HTTP_SHUTDOWN_S = 5
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal capture: the node owns SIGTERM/SIGINT (uvicorn re-raises them)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def run_node(settings: Settings) -> None:
+    """Run a node until SIGTERM or SIGINT; blocking."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(_run_with_signals(settings))
+
+
+async def _run_with_signals(settings: Settings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await serve(settings, stop=stop)
+
+
+def build_runtimes(settings: Settings, agent_bundle: Path) -> dict[RuntimeKind, Runtime]:
+    """The runtimes this node offers (probed; an unavailable one is kept and reports why)."""
+    from .runtime import build_runtimes as _build
+
+    return _build(settings, agent_bundle)
+
+
+async def _import_template(
+    repo: TemplateRepo, state_dir: Path, src: Path, name: str, runtime: str | None
+) -> TemplateRecord:
+    from .templates import import_template
+
+    if not src.is_absolute() or not await asyncio.to_thread(src.is_dir):
+        raise InvalidRequestError(f"{src} is not an absolute path to a directory")
+    if await repo.find(name) is not None:
+        raise ConflictError(f"template '{name}' exists already")
+    kind = RuntimeKind(runtime) if runtime in {k.value for k in RuntimeKind} else RuntimeKind.RUNC
+    if runtime is not None and runtime != kind.value:
+        raise InvalidRequestError(f"unknown runtime {runtime!r}")
+    layer = await asyncio.to_thread(import_template, src, state_dir, name)
+    cpu, mem = _BUILTIN_RESOURCES.get(name, (2, 512))
+    record = TemplateRecord(
+        id=new_sandbox_id().replace("i", "t", 1),
+        name=name,
+        runtime=kind.value,
+        layers=(str(layer),),
+        env={},
+        workdir=None,
+        user=None,
+        start_cmd=None,
+        ready_cmd=None,
+        cpu_count=cpu,
+        memory_mb=mem,
+        disk_mb=2048,
+        created_at=time.time(),
+    )
+    await repo.put(record)
+    return record
+
+
+async def _ensure_builtin_templates(settings: Settings, repo: TemplateRepo) -> None:
+    """A node on an empty state dir imports the built-in templates from the setup cache."""
+    from .templates import ensure_builtin_templates
+
+    built = await asyncio.to_thread(ensure_builtin_templates, settings.cache_dir)
+    for name, template_dir in built.items():
+        if await repo.find(name) is None:
+            await _import_template(repo, settings.state_dir, template_dir / "rootfs", name, None)
+            log.info("imported built-in template %s", name)
+
+
+async def serve(
+    settings: Settings,
+    *,
+    stop: asyncio.Event,
+    ready: asyncio.Future[Mapping[str, Any]] | None = None,
+) -> None:
+    """Run one node until ``stop`` is set. ``ready`` gets ``{"url", "api_key"}`` once it listens."""
+    from .runtime import build_agent_bundle, guest_source_dir
+
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    api_key, created = load_or_create_api_key(settings.state_dir, settings.api_key)
+    if created:
+        print(f"warren: generated API key {api_key} (saved in {settings.state_dir / 'api-key'})", file=sys.stderr)
+    db = Database(settings.state_dir / "warren.db")
+    try:
+        agent_bundle = await asyncio.to_thread(build_agent_bundle, settings.cache_dir, guest_source_dir())
+        runtimes = build_runtimes(settings, agent_bundle)
+        for kind, runtime in runtimes.items():
+            log.info("runtime %s: %s", kind.value, dict(runtime.probe()))
+        templates = TemplateRepo(db)
+        await _ensure_builtin_templates(settings, templates)
+        manager = SandboxManager(
+            settings=settings, sandboxes=SandboxRepo(db), templates=templates, runtimes=runtimes
+        )
+        await manager.recover()
+
+        async def import_template(src: Path, name: str, runtime: str | None) -> TemplateRecord:
+            return await _import_template(templates, settings.state_dir, src, name, runtime)
+
+        services = Services(
+            settings=settings,
+            manager=manager,
+            templates=templates,
+            api_key=api_key,
+            probes=lambda: {k.value: dict(r.probe()) for k, r in runtimes.items()},
+            import_template=import_template,
+        )
+        app, proxy = create_app(services)
+        config = uvicorn.Config(
+            app,
+            host=settings.listen_host,
+            port=settings.listen_port,
+            lifespan="off",
+            access_log=False,
+            log_level="warning",
+            timeout_graceful_shutdown=_GRACEFUL_HTTP_SHUTDOWN_S,
+            timeout_keep_alive=30,
+        )
+        server = _Server(config)
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(server.serve(), name="http-server")
+                group.create_task(_stop_when(stop, server, group), name="stop-watcher")
+                timers = group.create_task(manager.run_timers(), name="ttl-timers")
+                while not server.started:
+                    if stop.is_set() or server.should_exit:
+                        break
+                    await asyncio.sleep(0.01)
+                if ready is not None and not ready.done():
+                    port = _bound_port(server) or settings.listen_port
+                    ready.set_result({"url": f"http://{settings.listen_host}:{port}", "api_key": api_key})
+                await stop.wait()
+                timers.cancel()
+        finally:
+            await proxy.aclose()
+    finally:
+        db.close()
+        log.info("node stopped")
+
+
+async def _stop_when(stop: asyncio.Event, server: uvicorn.Server, group: asyncio.TaskGroup) -> None:
+    await stop.wait()
+    server.should_exit = True
+
+
+def _bound_port(server: uvicorn.Server) -> int | None:
+    for srv in getattr(server, "servers", []):
+        for sock in srv.sockets:
+            return int(sock.getsockname()[1])
+    return None

@@ -1,0 +1,309 @@
+"""Sandbox lifecycle operations: create, get, list, connect, set_timeout, kill, metrics, TTL expiry.
+
+One :class:`_Live` per sandbox holds its record, its route and a lock; every state change is
+persisted through :func:`transition` before it is visible to anyone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import logging
+import secrets
+import string
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from ..config import Settings
+from ..errors import InvalidRequestError, NotFoundError, UnavailableError
+from ..runtime.base import AGENT_PORT, Resources, Runtime, RuntimeKind, SandboxSpec, SandboxStats
+from ..store import SandboxRecord, SandboxRepo, TemplateRecord, TemplateRepo
+from .agent import init_agent, wait_healthy
+from .requests import CreateRequest, ListQuery
+from .states import SandboxState, public_state, transition
+
+log = logging.getLogger(__name__)
+
+_ID_ALPHABET = string.ascii_lowercase + string.digits
+_AGENT_START_DEADLINE_S = {RuntimeKind.RUNC: 30.0, RuntimeKind.GVISOR: 60.0}
+DEFAULT_USER = "user"
+
+
+def new_sandbox_id() -> str:
+    return "i" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(19))
+
+
+@dataclass
+class _Live:
+    record: SandboxRecord
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def state(self) -> SandboxState:
+        return SandboxState(self.record.state)
+
+
+class SandboxManager:
+    """Owns every sandbox of this node."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        sandboxes: SandboxRepo,
+        templates: TemplateRepo,
+        runtimes: Mapping[RuntimeKind, Runtime],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._settings = settings
+        self._sandboxes = sandboxes
+        self._templates = templates
+        self._runtimes = runtimes
+        self._clock = clock
+        self._live: dict[str, _Live] = {}
+        self._ttl_changed = asyncio.Event()
+        self._cpu_samples: dict[str, tuple[float, int]] = {}
+
+    # ----- queries -------------------------------------------------------------------------------
+
+    def route(self, sandbox_id: str) -> tuple[str, SandboxState] | None:
+        """The agent address of a sandbox and its state, or None if this node does not know it."""
+        live = self._live.get(sandbox_id)
+        if live is None or live.record.address is None:
+            return None
+        return live.record.address, live.state
+
+    def _get_live(self, sandbox_id: str) -> _Live:
+        live = self._live.get(sandbox_id)
+        if live is None or live.state in (SandboxState.CREATING, SandboxState.KILLING):
+            raise NotFoundError(f"sandbox {sandbox_id} not found")
+        return live
+
+    def get(self, sandbox_id: str) -> SandboxRecord:
+        return self._get_live(sandbox_id).record
+
+    def count(self) -> int:
+        return len(self._live)
+
+    def list(self, query: ListQuery) -> tuple[list[SandboxRecord], str | None]:
+        """Filtered, ordered by start time; returns one page and the token of the next one."""
+        records = sorted(
+            (
+                lv.record
+                for lv in self._live.values()
+                if lv.state not in (SandboxState.CREATING, SandboxState.KILLING)
+            ),
+            key=lambda r: (r.started_at, r.id),
+        )
+        out = [
+            r
+            for r in records
+            if public_state(SandboxState(r.state)) in query.states
+            and all(r.metadata.get(k) == v for k, v in query.metadata.items())
+        ]
+        if query.next_token:
+            after = _decode_token(query.next_token)
+            out = [r for r in out if (r.started_at, r.id) > after]
+        if query.limit is not None and len(out) > query.limit:
+            page = out[: query.limit]
+            return page, _encode_token(page[-1])
+        return out, None
+
+    # ----- create --------------------------------------------------------------------------------
+
+    async def create(self, req: CreateRequest) -> SandboxRecord:
+        template = await self._templates.find(req.template)
+        if template is None:
+            raise NotFoundError(f"template '{req.template}' not found")
+        kind = self._runtime_kind(req.runtime or template.runtime)
+        runtime = self._runtimes.get(kind)
+        probe = runtime.probe() if runtime else {"available": False, "reason": "not configured"}
+        if runtime is None or not probe.get("available"):
+            raise UnavailableError(f"runtime {kind.value} is not available on this node: {probe.get('reason')}")
+        timeout = self._timeout(req.timeout_s)
+        now = self._clock()
+        record = SandboxRecord(
+            id=new_sandbox_id(),
+            template_id=template.id,
+            alias=template.name,
+            runtime=kind.value,
+            state=SandboxState.CREATING.value,
+            metadata=dict(req.metadata),
+            env_vars=dict(req.env_vars),
+            started_at=now,
+            end_at=now + timeout,
+            cpu_count=template.cpu_count,
+            memory_mb=template.memory_mb,
+            disk_mb=template.disk_mb,
+            access_token=secrets.token_urlsafe(24) if req.secure else None,
+            address=None,
+            allow_internet=req.allow_internet,
+        )
+        live = _Live(record)
+        self._live[record.id] = live
+        try:
+            async with live.lock:
+                await self._sandboxes.put(record)
+                handle = await runtime.start(self._spec(record, template, kind))
+                live.record = dataclasses.replace(live.record, address=handle.address)
+                deadline = time.monotonic() + _AGENT_START_DEADLINE_S[kind]
+                await wait_healthy(handle.address, handle.agent_port, deadline)
+                await init_agent(
+                    handle.address,
+                    handle.agent_port,
+                    env_vars={**template.env, **record.env_vars},
+                    access_token=record.access_token,
+                    default_user=template.user or DEFAULT_USER,
+                    default_workdir=template.workdir,
+                )
+                await self._set_state(live, SandboxState.RUNNING)
+        except BaseException:
+            await asyncio.shield(self._discard(live))
+            raise
+        self._ttl_changed.set()
+        return live.record
+
+    def _spec(self, record: SandboxRecord, template: TemplateRecord, kind: RuntimeKind) -> SandboxSpec:
+        from pathlib import Path
+
+        return SandboxSpec(
+            sandbox_id=record.id,
+            runtime=kind,
+            layers=tuple(Path(p) for p in template.layers),
+            resources=Resources(
+                cpu_count=record.cpu_count, memory_mb=record.memory_mb, disk_mb=record.disk_mb
+            ),
+            allow_internet=record.allow_internet,
+        )
+
+    def _runtime_kind(self, name: str) -> RuntimeKind:
+        try:
+            return RuntimeKind(name)
+        except ValueError:
+            raise InvalidRequestError(
+                f"unknown runtime {name!r}; expected one of {[k.value for k in RuntimeKind]}"
+            ) from None
+
+    def _timeout(self, timeout_s: int | None) -> int:
+        if timeout_s is None:
+            return self._settings.default_timeout_s
+        if timeout_s < 0:
+            raise InvalidRequestError("timeout must not be negative")
+        return min(timeout_s, self._settings.max_timeout_s)
+
+    async def _set_state(self, live: _Live, target: SandboxState) -> None:
+        transition(live.record.id, live.state, target)
+        record = dataclasses.replace(live.record, state=target.value)
+        await self._sandboxes.put(record)
+        live.record = record
+
+    async def _discard(self, live: _Live) -> None:
+        """Remove a sandbox and everything it owns; safe on any half-made sandbox."""
+        sandbox_id = live.record.id
+        runtime = self._runtimes.get(RuntimeKind(live.record.runtime))
+        try:
+            if runtime is not None:
+                await runtime.stop(sandbox_id)
+        finally:
+            self._live.pop(sandbox_id, None)
+            self._cpu_samples.pop(sandbox_id, None)
+            await self._sandboxes.delete(sandbox_id)
+
+    # ----- lifecycle -----------------------------------------------------------------------------
+
+    async def kill(self, sandbox_id: str) -> None:
+        live = self._get_live(sandbox_id)
+        async with live.lock:
+            if self._live.get(sandbox_id) is not live or live.state is SandboxState.KILLING:
+                raise NotFoundError(f"sandbox {sandbox_id} not found")
+            await self._set_state(live, SandboxState.KILLING)
+            await asyncio.shield(self._discard(live))
+        self._ttl_changed.set()
+
+    async def set_timeout(self, sandbox_id: str, timeout_s: int) -> SandboxRecord:
+        live = self._get_live(sandbox_id)
+        if timeout_s < 0:
+            raise InvalidRequestError("timeout must not be negative")
+        async with live.lock:
+            record = dataclasses.replace(live.record, end_at=self._clock() + self._timeout(timeout_s))
+            await self._sandboxes.put(record)
+            live.record = record
+        self._ttl_changed.set()
+        return record
+
+    async def connect(self, sandbox_id: str, timeout_s: int | None) -> tuple[SandboxRecord, bool]:
+        """Extend a running sandbox's TTL (never shortening it). Returns (record, resumed)."""
+        live = self._get_live(sandbox_id)
+        end_at = self._clock() + self._timeout(timeout_s)
+        async with live.lock:
+            if end_at > live.record.end_at:
+                record = dataclasses.replace(live.record, end_at=end_at)
+                await self._sandboxes.put(record)
+                live.record = record
+        self._ttl_changed.set()
+        return live.record, False
+
+    async def metrics(self, sandbox_id: str) -> tuple[SandboxStats, float]:
+        """Current counters and CPU use in percent since the previous call (0 the first time)."""
+        live = self._get_live(sandbox_id)
+        stats = await self._runtimes[RuntimeKind(live.record.runtime)].stats(sandbox_id)
+        now = time.monotonic()
+        prev = self._cpu_samples.get(sandbox_id)
+        self._cpu_samples[sandbox_id] = (now, stats.cpu_usage_ns)
+        pct = 0.0
+        if prev is not None and now > prev[0]:
+            pct = (stats.cpu_usage_ns - prev[1]) / 1e9 / (now - prev[0]) / max(1, stats.cpu_count) * 100
+        return stats, max(0.0, pct)
+
+    # ----- background ----------------------------------------------------------------------------
+
+    async def run_timers(self) -> None:
+        """Kill sandboxes whose TTL expired. Runs for the node's lifetime."""
+        while True:
+            self._ttl_changed.clear()
+            now = self._clock()
+            expired = [
+                lv.record.id
+                for lv in self._live.values()
+                if lv.state is SandboxState.RUNNING and lv.record.end_at <= now
+            ]
+            for sandbox_id in expired:
+                log.info("sandbox %s reached its timeout; killing", sandbox_id)
+                with contextlib.suppress(NotFoundError):
+                    await self.kill(sandbox_id)
+            pending = [lv.record.end_at for lv in self._live.values() if lv.state is SandboxState.RUNNING]
+            wait = min(pending) - self._clock() if pending else 3600.0
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.01, min(wait, 3600.0))):
+                    await self._ttl_changed.wait()
+
+    async def recover(self) -> None:
+        """On start: re-adopt sandboxes that still run, drop records of those that do not."""
+        for record in await self._sandboxes.all():
+            runtime = self._runtimes.get(RuntimeKind(record.runtime))
+            state = await runtime.state(record.id) if runtime else None
+            if record.state == SandboxState.RUNNING.value and state == "running" and record.address:
+                self._live[record.id] = _Live(record)
+                log.info("re-adopted sandbox %s at %s", record.id, record.address)
+                continue
+            log.info("dropping sandbox %s (record %s, runtime %s)", record.id, record.state, state)
+            await self._discard(_Live(record))
+        self._ttl_changed.set()
+
+
+def _encode_token(record: SandboxRecord) -> str:
+    return base64.urlsafe_b64encode(f"{record.started_at!r}:{record.id}".encode()).decode()
+
+
+def _decode_token(token: str) -> tuple[float, str]:
+    try:
+        started, _, sandbox_id = base64.urlsafe_b64decode(token.encode()).decode().partition(":")
+        return float(started), sandbox_id
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequestError("invalid nextToken") from None
+
+
+__all__ = ["AGENT_PORT", "SandboxManager", "new_sandbox_id"]
