@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from warren.errors import NotFoundError, RuntimeFailure
-from warren.runtime.base import RuntimeKind, SandboxHandle, SandboxSpec, SandboxStats
+from warren.runtime.base import PauseMode, RuntimeKind, SandboxHandle, SandboxSpec, SandboxStats
 
 
 class FakeAgent:
@@ -78,3 +78,40 @@ class FakeRuntime:
         if sandbox_id not in self.running:
             raise NotFoundError(sandbox_id)
         return SandboxStats(1, 10**9, 100, 1000, 10, 5, 50)
+
+    async def pause(self, sandbox_id: str, mode: PauseMode) -> None:
+        if sandbox_id not in self.running:
+            raise NotFoundError(sandbox_id)
+
+    async def resume(self, spec: SandboxSpec, mode: PauseMode) -> SandboxHandle:
+        self.running[spec.sandbox_id] = spec
+        return SandboxHandle(spec.sandbox_id, self.kind, "127.0.0.1", agent_port=self.agent.port)
+
+
+class SlowPauseRuntime(FakeRuntime):
+    """Each pause takes ``pause_s`` of loop time (run under looptime: no wall time passes)."""
+
+    def __init__(self, kind: RuntimeKind, agent: FakeAgent, pause_s: float, fail_first: int = 0) -> None:
+        super().__init__(kind, agent)
+        self.pause_s = pause_s
+        self.paused: set[str] = set()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.fail_first = fail_first
+
+    async def pause(self, sandbox_id: str, mode: PauseMode) -> None:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.pause_s)
+            if self.fail_first > 0:
+                self.fail_first -= 1
+                raise RuntimeFailure("fake: pause failed once")
+            self.paused.add(sandbox_id)
+        finally:
+            self.in_flight -= 1
+
+    async def state(self, sandbox_id: str) -> str | None:
+        if sandbox_id in self.paused:
+            return "paused"
+        return await super().state(sandbox_id)

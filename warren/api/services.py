@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,8 @@ class Services:
     api_key: str
     probes: Callable[[], Mapping[str, Any]]
     import_template: Callable[[Path, str, str | None], Awaitable[TemplateRecord]]
+    info: Mapping[str, Any] = field(default_factory=dict)
+    """Static node facts shown at /health (node name, agent bundle path)."""
 
 
 def services(request: Request) -> Services:

@@ -7,6 +7,7 @@ persisted through :func:`transition` before it is visible to anyone else.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import base64
 import contextlib
 import dataclasses
@@ -16,10 +17,11 @@ import string
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..config import Settings
-from ..errors import InvalidRequestError, NotFoundError, UnavailableError
-from ..runtime.base import AGENT_PORT, Resources, Runtime, RuntimeKind, SandboxSpec, SandboxStats
+from ..errors import ConflictError, InvalidRequestError, NotFoundError, RuntimeFailure, UnavailableError
+from ..runtime.base import AGENT_PORT, PauseMode, Resources, Runtime, RuntimeKind, SandboxSpec, SandboxStats
 from ..store import SandboxRecord, SandboxRepo, TemplateRecord, TemplateRepo
 from .agent import init_agent, wait_healthy
 from .requests import CreateRequest, ListQuery
@@ -66,6 +68,15 @@ class SandboxManager:
         self._live: dict[str, _Live] = {}
         self._ttl_changed = asyncio.Event()
         self._cpu_samples: dict[str, tuple[float, int]] = {}
+        self._draining = False
+
+    def begin_drain(self) -> None:
+        """From now on, new lifecycle operations are refused (503); running ones finish."""
+        self._draining = True
+
+    def _admit(self) -> None:
+        if self._draining:
+            raise UnavailableError("the node is shutting down; try another node")
 
     # ----- queries -------------------------------------------------------------------------------
 
@@ -115,6 +126,7 @@ class SandboxManager:
     # ----- create --------------------------------------------------------------------------------
 
     async def create(self, req: CreateRequest) -> SandboxRecord:
+        self._admit()
         template = await self._templates.find(req.template)
         if template is None:
             raise NotFoundError(f"template '{req.template}' not found")
@@ -167,8 +179,6 @@ class SandboxManager:
         return live.record
 
     def _spec(self, record: SandboxRecord, template: TemplateRecord, kind: RuntimeKind) -> SandboxSpec:
-        from pathlib import Path
-
         return SandboxSpec(
             sandbox_id=record.id,
             runtime=kind,
@@ -235,16 +245,85 @@ class SandboxManager:
         return record
 
     async def connect(self, sandbox_id: str, timeout_s: int | None) -> tuple[SandboxRecord, bool]:
-        """Extend a running sandbox's TTL (never shortening it). Returns (record, resumed)."""
+        """Resume a paused sandbox, or extend a running one's TTL (never shortening it).
+
+        Returns (record, resumed).
+        """
+        self._admit()
         live = self._get_live(sandbox_id)
         end_at = self._clock() + self._timeout(timeout_s)
+        resumed = False
         async with live.lock:
-            if end_at > live.record.end_at:
+            if live.state is SandboxState.PAUSED:
+                await self._resume_locked(live)
+                resumed = True
+            if end_at > live.record.end_at or resumed:
                 record = dataclasses.replace(live.record, end_at=end_at)
                 await self._sandboxes.put(record)
                 live.record = record
         self._ttl_changed.set()
-        return live.record, False
+        return live.record, resumed
+
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> SandboxRecord:
+        """Pause a running sandbox; ``ConflictError`` (409) if it is already paused."""
+        live = self._get_live(sandbox_id)
+        async with live.lock:
+            if live.state in (SandboxState.PAUSED, SandboxState.PAUSING):
+                raise ConflictError(f"sandbox {sandbox_id} is already paused")
+            await self._pause_locked(live, PauseMode.MEMORY if memory else PauseMode.FILESYSTEM)
+        return live.record
+
+    async def _pause_locked(self, live: _Live, mode: PauseMode) -> None:
+        runtime = self._runtimes[RuntimeKind(live.record.runtime)]
+        await self._set_state(live, SandboxState.PAUSING)
+        try:
+            await runtime.pause(live.record.id, mode)
+        except RuntimeFailure:
+            if await runtime.state(live.record.id) == "running":
+                await self._set_state(live, SandboxState.RUNNING)
+            else:
+                log.warning("pause destroyed sandbox %s; removing it", live.record.id)
+                await self._set_state(live, SandboxState.KILLING)
+                await asyncio.shield(self._discard(live))
+            raise
+        live.record = dataclasses.replace(live.record, extra={**live.record.extra, "pause_mode": mode.value})
+        await self._set_state(live, SandboxState.PAUSED)
+
+    async def resume(self, sandbox_id: str, timeout_s: int | None = None) -> SandboxRecord:
+        """Resume a paused sandbox; ``ConflictError`` if it is running."""
+        record, resumed = await self.connect(sandbox_id, timeout_s)
+        if not resumed:
+            raise ConflictError(f"sandbox {sandbox_id} is not paused")
+        return record
+
+    async def _resume_locked(self, live: _Live) -> None:
+        kind = RuntimeKind(live.record.runtime)
+        runtime = self._runtimes[kind]
+        template = await self._templates.find(live.record.template_id)
+        if template is None:
+            raise NotFoundError(f"template {live.record.template_id} of sandbox {live.record.id} is gone")
+        mode = PauseMode(live.record.extra.get("pause_mode", PauseMode.MEMORY.value))
+        await self._set_state(live, SandboxState.RESUMING)
+        try:
+            handle = await runtime.resume(self._spec(live.record, template, kind), mode)
+            live.record = dataclasses.replace(live.record, address=handle.address)
+            await wait_healthy(handle.address, handle.agent_port, time.monotonic() + _AGENT_START_DEADLINE_S[kind])
+            if mode is PauseMode.FILESYSTEM:
+                await init_agent(
+                    handle.address,
+                    handle.agent_port,
+                    env_vars={**template.env, **live.record.env_vars},
+                    access_token=live.record.access_token,
+                    default_user=template.user or DEFAULT_USER,
+                    default_workdir=template.workdir,
+                )
+        except BaseException:
+            await asyncio.shield(self._set_state(live, SandboxState.PAUSED))
+            raise
+        await self._set_state(live, SandboxState.RUNNING)
+
+    def running_ids(self) -> builtins.list[str]:
+        return [i for i, lv in self._live.items() if lv.state is SandboxState.RUNNING]
 
     async def metrics(self, sandbox_id: str) -> tuple[SandboxStats, float]:
         """Current counters and CPU use in percent since the previous call (0 the first time)."""

@@ -28,6 +28,13 @@ class RuntimeKind(enum.StrEnum):
     GVISOR = "gvisor"  # gVisor's runsc (ptrace platform): a user-space kernel, checkpoint/restore
 
 
+class PauseMode(enum.StrEnum):
+    """What a pause keeps."""
+
+    MEMORY = "memory"  # every process keeps its memory: runc freezer, gVisor checkpoint
+    FILESYSTEM = "filesystem"  # processes end, the upper dir stays; resume starts the agent afresh
+
+
 @dataclass(frozen=True)
 class Resources:
     """Per-sandbox limits, enforced with cgroups."""
@@ -102,4 +109,16 @@ class Runtime(Protocol):
 
     async def stats(self, sandbox_id: str) -> SandboxStats:
         """Counters for metrics. Raises ``NotFoundError`` for an unknown sandbox."""
+        ...
+
+    async def pause(self, sandbox_id: str, mode: PauseMode) -> None:
+        """Stop the sandbox using CPU (MEMORY) or at all (FILESYSTEM); its upper dir is kept.
+
+        A runtime whose memory pause is destructive when it fails (gVisor checkpoint) raises
+        ``RuntimeFailure`` after cleaning up; the caller then treats the sandbox as gone.
+        """
+        ...
+
+    async def resume(self, spec: SandboxSpec, mode: PauseMode) -> SandboxHandle:
+        """Undo :meth:`pause`; the address may change (fresh netns for a restore)."""
         ...

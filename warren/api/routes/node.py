@@ -19,6 +19,7 @@ async def health(request: Request) -> Response:
     return JSONResponse(
         {
             "status": "ok",
+            **svc.info,
             "sandboxes": svc.manager.count(),
             "runtimes": dict(svc.probes()),
         }
