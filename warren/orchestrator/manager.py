@@ -7,8 +7,8 @@ persisted through :func:`transition` before it is visible to anyone else.
 from __future__ import annotations
 
 import asyncio
-import builtins
 import base64
+import builtins
 import contextlib
 import dataclasses
 import logging

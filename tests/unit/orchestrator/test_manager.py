@@ -130,7 +130,7 @@ async def test_connect_extends_never_shortens(parts: tuple) -> None:  # type: ig
 
 
 async def test_recover_readopts_running_and_drops_gone(tmp_path: Path, parts: tuple) -> None:  # type: ignore[type-arg]
-    manager, runc, agent, clock, db = parts
+    manager, runc, _agent, clock, db = parts
     alive = await manager.create(CreateRequest(template="base"))
     gone = await manager.create(CreateRequest(template="base"))
     del runc.running[gone.id]

@@ -26,7 +26,9 @@ async def _manager(tmp_path: Path, runtime: SlowPauseRuntime, n: int) -> tuple[S
     for i in range(n):
         sid = f"s{i}"
         await SandboxRepo(db).put(
-            SandboxRecord(sid, "t1", "base", "runc", "running", {}, {}, 0.0, 1e12, 1, 256, 1024, None, "127.0.0.1", True)
+            SandboxRecord(
+                sid, "t1", "base", "runc", "running", {}, {}, 0.0, 1e12, 1, 256, 1024, None, "127.0.0.1", True
+            )
         )
         runtime.running[sid] = SandboxSpec(sid, RuntimeKind.RUNC, (), Resources())
     manager = SandboxManager(
