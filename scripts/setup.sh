@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Host setup for warren, idempotent: Debian packages, the venv at .venv (pinned by requirements.lock),
+# warren itself (editable), then `warren setup` (guest agent bundle + built-in templates, cached).
+# Runs as root, unattended (CI=true, no stdin). A second run only checks and returns quickly.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=$ROOT/.venv
+PYTHON=${PYTHON:-python3}
+
+log() { printf '==> %s\n' "$*" >&2; }
+die() { printf 'scripts/setup.sh: %s\n' "$*" >&2; exit 1; }
+
+[ "$(id -u)" -eq 0 ] || die "run as root (sudo scripts/setup.sh)"
+
+# Needed by warren or its tests; setup fails without them.
+REQUIRED=(runc debootstrap busybox-static nftables iptables patchelf iproute2 procps psmisc socat e2fsprogs
+          python3 python3-venv ca-certificates)
+# Installed when the host's release has them; features that need a missing one report it and their
+# tests skip (runsc: gVisor; redis-server: cluster; docker-registry, skopeo: image pulls).
+OPTIONAL=(runsc redis-server docker-registry skopeo)
+
+missing_packages() {
+  local pkg
+  for pkg in "$@"; do
+    dpkg-query -W -f='${db:Status-Status}\n' "$pkg" 2>/dev/null | grep -qx installed || echo "$pkg"
+  done
+}
+
+has_candidate() {
+  apt-cache policy "$1" 2>/dev/null | grep -q 'Candidate: [^(]'
+}
+
+install_packages() {
+  mapfile -t need < <(missing_packages "${REQUIRED[@]}" "${OPTIONAL[@]}")
+  if [ "${#need[@]}" -eq 0 ]; then
+    log "Debian packages: all present"
+    return
+  fi
+  log "apt-get update (missing: ${need[*]})"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q </dev/null
+  local install=() pkg
+  for pkg in "${need[@]}"; do
+    if has_candidate "$pkg"; then
+      install+=("$pkg")
+    elif [[ " ${OPTIONAL[*]} " == *" $pkg "* ]]; then
+      log "optional package $pkg is not available on this release; skipping it"
+    else
+      die "required package $pkg is not available from the configured apt sources"
+    fi
+  done
+  if [ "${#install[@]}" -gt 0 ]; then
+    log "apt-get install ${install[*]}"
+    apt-get install -y -q --no-install-recommends "${install[@]}" </dev/null
+  fi
+}
+
+# pip verifies TLS with its own bundle; the system one also trusts a local intercepting proxy.
+if [ -z "${PIP_CERT:-}" ] && [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+  export PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+fi
+
+setup_venv() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+      || die "$PYTHON is older than 3.11 (set PYTHON=/path/to/python3.11+)"
+    log "creating $VENV with $("$PYTHON" --version)"
+    "$PYTHON" -m venv "$VENV"
+  fi
+  local stamp=$VENV/.warren-deps wanted
+  wanted=$(cat requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && [ -x "$VENV/bin/warren" ]; then
+    log "venv: up to date"
+    return
+  fi
+  log "pip install -r requirements.lock"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements.lock </dev/null
+  log "pip install --no-deps -e ."
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e . </dev/null
+  check_lock
+  echo "$wanted" >"$stamp"
+}
+
+# Every requirement of warren and its dev extra must come from the lock: say which one does not.
+check_lock() {
+  "$VENV/bin/python" - <<'PY'
+import sys
+from importlib.metadata import PackageNotFoundError, requires, version
+from packaging.requirements import Requirement
+
+bad = []
+for spec in requires("warren") or []:
+    req = Requirement(spec)
+    if req.marker is not None and not req.marker.evaluate({"extra": "dev"}):
+        continue
+    try:
+        installed = version(req.name)
+    except PackageNotFoundError:
+        bad.append(f"{req} (not installed)")
+        continue
+    if not req.specifier.contains(installed, prereleases=True):
+        bad.append(f"{req} (installed {installed})")
+if bad:
+    sys.exit("requirements.lock does not satisfy pyproject.toml: " + "; ".join(bad))
+PY
+}
+
+install_packages
+setup_venv
+log "warren setup"
+"$VENV/bin/warren" setup </dev/null
+log "done"

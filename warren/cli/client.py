@@ -1,0 +1,112 @@
+"""A small synchronous client for warren's REST API (the E2B control plane plus ``/warren/*``)."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+
+from warren.cli.config import ClientConfig
+
+REQUEST_TIMEOUT_S = 60.0
+"""The E2B SDK's default request timeout; create and import can take this long on a busy node."""
+
+MAX_PAGES = 1000
+"""A server that keeps sending next-tokens is broken; stop instead of looping forever."""
+
+
+class CliError(Exception):
+    """A failure to show the user as one red line, then exit non-zero."""
+
+
+class ApiError(CliError):
+    """The server answered with an error status (body ``{"code", "message"}`` when it is warren)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class ApiClient:
+    """``with ApiClient(config) as api: api.get("/v2/sandboxes")``; errors raise ``CliError``."""
+
+    def __init__(self, config: ClientConfig, *, transport: httpx.BaseTransport | None = None) -> None:
+        headers = {"X-API-KEY": config.api_key} if config.api_key else {}
+        self.url = config.url
+        self._http = httpx.Client(base_url=config.url, headers=headers, timeout=REQUEST_TIMEOUT_S, transport=transport)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._http.close()
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path)
+
+    def post(self, path: str, body: dict[str, Any], *, timeout: float = REQUEST_TIMEOUT_S) -> Any:
+        return _decode(self._send("POST", path, body=body, timeout=timeout), "POST", path)
+
+    def delete(self, path: str) -> Any:
+        return self.request("DELETE", path)
+
+    def list_all(self, path: str) -> list[Any]:
+        """GET a paginated E2B list, following ``x-next-token`` until the server stops sending one."""
+        items: list[Any] = []
+        params: dict[str, str] = {}
+        for _ in range(MAX_PAGES):
+            response = self._send("GET", path, params=params)
+            page = _decode(response, "GET", path)
+            if not isinstance(page, list):
+                raise CliError(f"GET {path}: expected a JSON list from the server")
+            items.extend(page)
+            token = response.headers.get("x-next-token")
+            if not token or not page:
+                break
+            params = {"nextToken": token}
+        return items
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """Send one request; return the decoded JSON body (None when empty)."""
+        return _decode(self._send(method, path, body=body), method, path)
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: dict[str, Any] | None = None,
+        params: dict[str, str] | None = None,
+        timeout: float = REQUEST_TIMEOUT_S,
+    ) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, json=body, params=params, timeout=timeout)
+        except httpx.HTTPError as exc:
+            raise CliError(f"cannot reach the warren server at {self.url}: {exc}") from exc
+        if response.is_error:
+            raise ApiError(response.status_code, error_message(response))
+        return response
+
+
+def _decode(response: httpx.Response, method: str, path: str) -> Any:
+    if not response.content:
+        return None
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise CliError(f"{method} {path}: the server sent a body that is not JSON") from exc
+
+
+def error_message(response: httpx.Response) -> str:
+    """The ``message`` of a JSON error body, else the body text, else the reason phrase."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    return response.text.strip()[:500] or response.reason_phrase

@@ -1,0 +1,112 @@
+"""Node commands: ``serve`` (run a node) and ``setup`` (build the agent bundle and templates).
+
+``warren.config``, ``warren.node`` and ``warren.runtime.agent_bundle`` are imported when the
+command runs, so the client commands start fast and never depend on the server's modules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+import warren
+from warren.cli.client import CliError
+from warren.cli.config import DEFAULT_CACHE_DIR, DEFAULT_STATE_DIR
+from warren.templates import Progress, ensure_builtin_templates
+
+DEFAULT_LISTEN = "127.0.0.1:3000"
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[IPv6]:PORT`` or ``:PORT`` (all interfaces) → (host, port)."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise typer.BadParameter(f"expected HOST:PORT, got {value!r}", param_hint="--listen")
+    host = host.removeprefix("[").removesuffix("]") or "0.0.0.0"
+    return host, int(port_text)
+
+
+def serve(
+    listen: Annotated[str, typer.Option("--listen", help="Address to serve on, HOST:PORT.")] = DEFAULT_LISTEN,
+    state_dir: Annotated[
+        Path, typer.Option("--state-dir", help="Node state: database, layers, api-key.")
+    ] = DEFAULT_STATE_DIR,
+    cache_dir: Annotated[
+        Path,
+        typer.Option("--cache-dir", envvar="WARREN_CACHE_DIR", help="Agent bundle and built-in templates (see setup)."),
+    ] = DEFAULT_CACHE_DIR,
+    runsc: Annotated[
+        Path | None,
+        typer.Option("--runsc", envvar="WARREN_RUNSC", help="runsc binary for gVisor (default: from PATH)."),
+    ] = None,
+    domain: Annotated[
+        str | None, typer.Option("--domain", help="Domain for <port>-<id>.<domain> host routing.")
+    ] = None,
+) -> None:
+    """Run a warren node until SIGTERM or SIGINT."""
+    host, port = parse_listen(listen)
+    settings_cls = _load("warren.config", "Settings")
+    run_node = _load("warren.node", "run_node")
+    fields: dict[str, Any] = {
+        "listen_host": host,
+        "listen_port": port,
+        "cache_dir": cache_dir,
+        "runsc_path": runsc,
+        "domain": domain,
+    }
+    if hasattr(settings_cls, "from_env"):  # applies the node's own WARREN_* variables (api key, ...)
+        settings = settings_cls.from_env(state_dir, **fields)
+    else:
+        settings = settings_cls(state_dir=state_dir, **fields)
+    run_node(settings)
+
+
+def setup(
+    cache_dir: Annotated[
+        Path,
+        typer.Option("--cache-dir", envvar="WARREN_CACHE_DIR", help="Where to put the agent bundle and templates."),
+    ] = DEFAULT_CACHE_DIR,
+) -> None:
+    """Build the guest agent bundle and the built-in templates (busybox, base). Needs root."""
+    console = Console(stderr=True)
+    build_agent_bundle = _load("warren.runtime.agent_bundle", "build_agent_bundle")
+    guest_src = Path(warren.__file__).parent / "guest"
+    with console.status("Building the guest agent bundle…") as status:
+        bundle = build_agent_bundle(cache_dir, guest_src)
+        if inspect.isawaitable(bundle):
+            bundle = asyncio.run(_awaited(bundle))
+        console.print(f"[green]✓[/green] agent bundle{f'  {bundle}' if bundle else ''}", highlight=False)
+
+        def on_progress(name: str, progress: Progress) -> None:
+            if progress is Progress.BUILDING:
+                status.update(f"Building template {name}…")
+            else:
+                console.print(f"[green]✓[/green] template {name} ({progress.value})", highlight=False)
+
+        built = ensure_builtin_templates(cache_dir, on_progress=on_progress)
+    for name, path in built.items():
+        console.print(f"  {name}: {path}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+    app.command("setup")(setup)
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+def _load(module: str, attr: str) -> Any:
+    """``module.attr``, imported now; a missing one is a clean error, not a traceback."""
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise CliError(f"{module}.{attr} is not available in this installation: {exc}") from exc

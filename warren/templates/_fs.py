@@ -1,0 +1,134 @@
+"""Filesystem and process helpers shared by the template builders and the importer.
+
+Everything here translates ``OSError`` / ``CalledProcessError`` into ``HostError`` at its edge.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from warren.errors import HostError
+
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+"""mountinfo writes space, tab, newline and backslash in paths as octal escapes (``\\040``)."""
+
+STDERR_TAIL_CHARS = 2000
+"""How much of a failed command's output goes into the error message: enough for the cause."""
+
+
+def run(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """Run ``argv`` (never through a shell), return its stdout; raise ``HostError`` on any failure."""
+    args = [os.fspath(a) for a in argv]
+    try:
+        proc = subprocess.run(
+            args,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            env=dict(env) if env is not None else None,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise HostError(f"{args[0]} timed out after {timeout:.0f}s") from exc
+    except OSError as exc:
+        raise HostError(f"cannot run {args[0]}: {exc}") from exc
+    if proc.returncode != 0:
+        output = (proc.stderr.strip() or proc.stdout.strip())[-STDERR_TAIL_CHARS:]
+        raise HostError(f"{' '.join(args[:3])} failed with exit code {proc.returncode}: {output}")
+    return proc.stdout
+
+
+def mountpoints_under(path: Path, mountinfo: str | None = None) -> list[Path]:
+    """Mount points at or below ``path``, deepest first (the order to unmount them in)."""
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError:
+            return []
+    root = os.path.realpath(path)
+    found: list[Path] = []
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if len(fields) < 5:
+            continue
+        point = _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
+        if point == root or point.startswith(root.rstrip("/") + "/"):
+            found.append(Path(point))
+    return sorted(found, key=lambda p: len(p.parts), reverse=True)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` recursively without ever reaching outside it.
+
+    A failed debootstrap can leave /proc, /sys or a bind-mounted /dev inside its target, and a
+    plain recursive delete would then descend into the host's. So: unmount everything below
+    ``path`` first, then delete with ``--one-file-system`` as a second guard.
+    """
+    if not path.exists() and not path.is_symlink():
+        return
+    for point in mountpoints_under(path):
+        with contextlib.suppress(HostError):
+            run(["umount", "--lazy", point], timeout=60)
+    left = mountpoints_under(path)
+    if left:
+        raise HostError(f"refusing to delete {path}: still mounted below it: {', '.join(map(str, left))}")
+    run(["rm", "-rf", "--one-file-system", "--", path], timeout=600)
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    """Write ``data`` as JSON durably: temp file, fsync, rename, directory fsync."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise HostError(f"cannot write {path}: {exc}") from exc
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or create inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_path`` (created if missing) for the block.
+
+    The lock is tied to the open file, so a crashed holder releases it automatically.
+    """
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise HostError(f"cannot open lock file {lock_path}: {exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor releases the flock
