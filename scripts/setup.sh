@@ -15,7 +15,7 @@ die() { printf 'scripts/setup.sh: %s\n' "$*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "run as root (sudo scripts/setup.sh)"
 
 # Needed by warren or its tests; setup fails without them.
-REQUIRED=(runc debootstrap busybox-static nftables iptables patchelf iproute2 procps psmisc socat e2fsprogs
+REQUIRED=(runc debootstrap busybox-static nftables iptables patchelf iproute2 procps psmisc socat e2fsprogs curl dash
           python3 python3-venv ca-certificates)
 # Installed when the host's release has them; features that need a missing one report it and their
 # tests skip (runsc: gVisor; redis-server: cluster; docker-registry, skopeo: image pulls).
