@@ -26,6 +26,10 @@ class Settings:
     network_cidr: str = "10.77.0.0/16"
     node_name: str = "warren"
     default_runtime: str = "runc"
+    lock_budget_s: float = 120.0
+    """How long start-up keeps retrying a state dir held by another server (seed 001)."""
+    shutdown_concurrency: int = 8
+    """Sandboxes paused at once when the node stops (seed 000)."""
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -38,5 +42,9 @@ class Settings:
             env["cache_dir"] = Path(cache)
         if runsc := os.environ.get("WARREN_RUNSC"):
             env["runsc_path"] = Path(runsc)
+        if budget := os.environ.get("WARREN_LOCK_BUDGET_S"):
+            env["lock_budget_s"] = float(budget)
+        if conc := os.environ.get("WARREN_SHUTDOWN_CONCURRENCY"):
+            env["shutdown_concurrency"] = int(conc)
         env.update({k: v for k, v in overrides.items() if v is not None})
         return cls(state_dir=state_dir, **env)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 import time
@@ -18,14 +19,20 @@ from typing import Any
 
 import uvicorn
 
+from .aio import wait_event_or_task
 from .api import Services, create_app
 from .api.auth import load_or_create_api_key
 from .config import Settings
 from .errors import ConflictError, InvalidRequestError
+from .footprint import FootprintCaps, apply_footprint_caps
+from .node_runtimes import guest_source_dir, start_runtimes
 from .orchestrator import SandboxManager
 from .orchestrator.manager import new_sandbox_id
-from .runtime.base import Runtime, RuntimeKind
+from .orchestrator.shutdown import preserve_all
+from .runtime import build_agent_bundle
+from .runtime.base import RuntimeKind
 from .store import Database, SandboxRepo, TemplateRecord, TemplateRepo
+from .store.lock import INSTANCE_LOCK_NAME, acquire_instance_lock
 
 log = logging.getLogger("warren.node")
 
@@ -53,13 +60,6 @@ async def _run_with_signals(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await serve(settings, stop=stop)
-
-
-def build_runtimes(settings: Settings, agent_bundle: Path) -> dict[RuntimeKind, Runtime]:
-    """The runtimes this node offers (probed; an unavailable one is kept and reports why)."""
-    from .runtime import build_runtimes as _build
-
-    return _build(settings, agent_bundle)
 
 
 async def _import_template(
@@ -113,18 +113,28 @@ async def serve(
     ready: asyncio.Future[Mapping[str, Any]] | None = None,
 ) -> None:
     """Run one node until ``stop`` is set. ``ready`` gets ``{"url", "api_key"}`` once it listens."""
-    from .runtime import build_agent_bundle, guest_source_dir
-
+    caps = apply_footprint_caps(os.environ)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
+    lock = await acquire_instance_lock(settings.state_dir / INSTANCE_LOCK_NAME, budget_s=settings.lock_budget_s)
+    with lock:
+        await _serve_locked(settings, caps, stop=stop, ready=ready)
+
+
+async def _serve_locked(
+    settings: Settings,
+    caps: FootprintCaps,
+    *,
+    stop: asyncio.Event,
+    ready: asyncio.Future[Mapping[str, Any]] | None,
+) -> None:
     api_key, created = load_or_create_api_key(settings.state_dir, settings.api_key)
     if created:
         print(f"warren: generated API key {api_key} (saved in {settings.state_dir / 'api-key'})", file=sys.stderr)
     db = Database(settings.state_dir / "warren.db")
     try:
-        agent_bundle = await asyncio.to_thread(build_agent_bundle, settings.cache_dir, guest_source_dir())
-        runtimes = build_runtimes(settings, agent_bundle)
-        for kind, runtime in runtimes.items():
-            log.info("runtime %s: %s", kind.value, dict(runtime.probe()))
+        agent_bundle = await build_agent_bundle(settings.cache_dir, guest_source_dir())
+        node_runtimes = await start_runtimes(settings, agent_bundle)
+        runtimes = node_runtimes.as_mapping()
         templates = TemplateRepo(db)
         await _ensure_builtin_templates(settings, templates)
         manager = SandboxManager(
@@ -142,8 +152,10 @@ async def serve(
             api_key=api_key,
             probes=lambda: {k.value: dict(r.probe()) for k, r in runtimes.items()},
             import_template=import_template,
+            info={"node": settings.node_name, "agent_bundle": str(agent_bundle), "footprint": caps.__dict__},
         )
-        app, proxy = create_app(services)
+        app, proxy = create_app(services, max_keepalive=caps.http_max_keepalive)
+        manager.on_removed(proxy.abort)
         config = uvicorn.Config(
             app,
             host=settings.listen_host,
@@ -157,9 +169,9 @@ async def serve(
         server = _Server(config)
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(server.serve(), name="http-server")
-                group.create_task(_stop_when(stop, server, group), name="stop-watcher")
+                serving = group.create_task(server.serve(), name="http-server")
                 timers = group.create_task(manager.run_timers(), name="ttl-timers")
+                reaper = group.create_task(manager.run_reaper(), name="exit-reaper")
                 while not server.started:
                     if stop.is_set() or server.should_exit:
                         break
@@ -167,18 +179,20 @@ async def serve(
                 if ready is not None and not ready.done():
                     port = _bound_port(server) or settings.listen_port
                     ready.set_result({"url": f"http://{settings.listen_host}:{port}", "api_key": api_key})
-                await stop.wait()
+                await wait_event_or_task(stop, serving)
+                # Shutdown order (seed 000): refuse new work, preserve sandboxes while the API still
+                # answers (503 for new lifecycle calls), then stop HTTP, then the helpers.
+                report = await preserve_all(manager, concurrency=settings.shutdown_concurrency)
+                if report.failed:
+                    log.error("left running (re-adopted at next start): %s", sorted(report.failed))
+                server.should_exit = True
                 timers.cancel()
+                reaper.cancel()
         finally:
             await proxy.aclose()
     finally:
         db.close()
         log.info("node stopped")
-
-
-async def _stop_when(stop: asyncio.Event, server: uvicorn.Server, group: asyncio.TaskGroup) -> None:
-    await stop.wait()
-    server.should_exit = True
 
 
 def _bound_port(server: uvicorn.Server) -> int | None:

@@ -63,9 +63,9 @@ def test_failed_create_leaks_nothing(node: Node, tmp_path: Path) -> None:
         r = c.post("/warren/templates/import", json={"path": str(src), "name": "doomed", "runtime": "runc"})
         assert r.status_code == 201, r.text
         shutil.rmtree(r.json()["layers"][0])
-        before = leaks.snapshot(node.state_dir)
+        before = leaks.snapshot(state_dirs=[node.state_dir])
         _json_error(c.post("/v2/sandboxes", json={"templateID": "doomed"}), 500)
-        leaks.assert_no_leaks(before, leaks.snapshot(node.state_dir))
+        leaks.assert_no_leaks(before)
         assert c.get("/v2/sandboxes").json() == [] or all(
             s["templateID"] != "doomed" for s in c.get("/v2/sandboxes").json()
         )

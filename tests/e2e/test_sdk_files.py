@@ -29,7 +29,8 @@ def test_write_and_read_text_and_bytes(sbx: Sandbox) -> None:
     assert sbx.files.read("/home/user/a.txt") == "hello"
     sbx.files.write("rel.bin", b"\x00\x01\xff")
     assert bytes(sbx.files.read("/home/user/rel.bin", format="bytes")) == b"\x00\x01\xff"
-    assert sbx.commands.run("stat -c %U /home/user/a.txt").stdout.strip() == "user"
+    owner = "python3 -c 'import os, pwd; print(pwd.getpwuid(os.stat(\"/home/user/a.txt\").st_uid).pw_name)'"
+    assert sbx.commands.run(owner).stdout.strip() == "user"
 
 
 def test_large_file_round_trip(sbx: Sandbox) -> None:

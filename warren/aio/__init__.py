@@ -27,4 +27,13 @@ async def race(*coros: Coroutine[Any, Any, None], names: tuple[str, ...] = ()) -
             raise exc
 
 
-__all__ = ["race"]
+async def wait_event_or_task(event: asyncio.Event, task: asyncio.Task[Any]) -> None:
+    """Return once ``event`` is set or ``task`` is done, whichever comes first; ``task`` keeps running."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+
+
+__all__ = ["race", "wait_event_or_task"]

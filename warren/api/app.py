@@ -38,7 +38,7 @@ class _ApiKeyAuth:
         await self._app(scope, receive, send)
 
 
-def create_app(services: Services) -> tuple[ASGIApp, SandboxProxy]:
+def create_app(services: Services, *, max_keepalive: int = 512) -> tuple[ASGIApp, SandboxProxy]:
     """The ASGI app of a node and its proxy (whose HTTP client the caller closes)."""
     router = Starlette(
         routes=[*sandboxes.ROUTES, *node.ROUTES],
@@ -49,5 +49,10 @@ def create_app(services: Services) -> tuple[ASGIApp, SandboxProxy]:
         },
     )
     router.state.services = services
-    proxy = SandboxProxy(_ApiKeyAuth(router, services.api_key), services.manager.route, services.settings.domain)
+    proxy = SandboxProxy(
+        _ApiKeyAuth(router, services.api_key),
+        services.manager.route,
+        services.settings.domain,
+        max_keepalive=max_keepalive,
+    )
     return proxy, proxy

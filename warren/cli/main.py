@@ -63,3 +63,7 @@ def _root(
 def main() -> None:
     """Console-script entry point."""
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -24,6 +24,7 @@ from ..errors import ConflictError, InvalidRequestError, NotFoundError, RuntimeF
 from ..runtime.base import AGENT_PORT, PauseMode, Resources, Runtime, RuntimeKind, SandboxSpec, SandboxStats
 from ..store import SandboxRecord, SandboxRepo, TemplateRecord, TemplateRepo
 from .agent import init_agent, wait_healthy
+from .exits import ExitWatcher
 from .requests import CreateRequest, ListQuery
 from .states import SandboxState, public_state, transition
 
@@ -69,6 +70,19 @@ class SandboxManager:
         self._ttl_changed = asyncio.Event()
         self._cpu_samples: dict[str, tuple[float, int]] = {}
         self._draining = False
+        self._exits = ExitWatcher()
+        self._removal_listeners: list[Callable[[str], None]] = []
+
+    def on_removed(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(sandbox_id)`` whenever a sandbox stops being routable (killed, died, paused)."""
+        self._removal_listeners.append(listener)
+
+    def _removed(self, sandbox_id: str) -> None:
+        for listener in self._removal_listeners:
+            try:
+                listener(sandbox_id)
+            except Exception:
+                log.exception("removal listener failed for %s", sandbox_id)
 
     def begin_drain(self) -> None:
         """From now on, new lifecycle operations are refused (503); running ones finish."""
@@ -160,7 +174,9 @@ class SandboxManager:
             async with live.lock:
                 await self._sandboxes.put(record)
                 handle = await runtime.start(self._spec(record, template, kind))
-                live.record = dataclasses.replace(live.record, address=handle.address)
+                live.record = dataclasses.replace(
+                    live.record, address=handle.address, extra={**live.record.extra, "init_pid": handle.init_pid}
+                )
                 deadline = time.monotonic() + _AGENT_START_DEADLINE_S[kind]
                 await wait_healthy(handle.address, handle.agent_port, deadline)
                 await init_agent(
@@ -172,6 +188,7 @@ class SandboxManager:
                     default_workdir=template.workdir,
                 )
                 await self._set_state(live, SandboxState.RUNNING)
+                self._exits.watch(record.id, handle.init_pid)
         except BaseException:
             await asyncio.shield(self._discard(live))
             raise
@@ -214,6 +231,8 @@ class SandboxManager:
         """Remove a sandbox and everything it owns; safe on any half-made sandbox."""
         sandbox_id = live.record.id
         runtime = self._runtimes.get(RuntimeKind(live.record.runtime))
+        self._exits.unwatch(sandbox_id)
+        self._removed(sandbox_id)
         try:
             if runtime is not None:
                 await runtime.stop(sandbox_id)
@@ -276,11 +295,14 @@ class SandboxManager:
     async def _pause_locked(self, live: _Live, mode: PauseMode) -> None:
         runtime = self._runtimes[RuntimeKind(live.record.runtime)]
         await self._set_state(live, SandboxState.PAUSING)
+        self._exits.unwatch(live.record.id)
+        self._removed(live.record.id)
         try:
             await runtime.pause(live.record.id, mode)
         except RuntimeFailure:
             if await runtime.state(live.record.id) == "running":
                 await self._set_state(live, SandboxState.RUNNING)
+                self._exits.watch(live.record.id, live.record.extra.get("init_pid"))
             else:
                 log.warning("pause destroyed sandbox %s; removing it", live.record.id)
                 await self._set_state(live, SandboxState.KILLING)
@@ -306,7 +328,9 @@ class SandboxManager:
         await self._set_state(live, SandboxState.RESUMING)
         try:
             handle = await runtime.resume(self._spec(live.record, template, kind), mode)
-            live.record = dataclasses.replace(live.record, address=handle.address)
+            live.record = dataclasses.replace(
+                live.record, address=handle.address, extra={**live.record.extra, "init_pid": handle.init_pid}
+            )
             await wait_healthy(handle.address, handle.agent_port, time.monotonic() + _AGENT_START_DEADLINE_S[kind])
             if mode is PauseMode.FILESYSTEM:
                 await init_agent(
@@ -321,6 +345,7 @@ class SandboxManager:
             await asyncio.shield(self._set_state(live, SandboxState.PAUSED))
             raise
         await self._set_state(live, SandboxState.RUNNING)
+        self._exits.watch(live.record.id, handle.init_pid)
 
     def running_ids(self) -> builtins.list[str]:
         return [i for i, lv in self._live.items() if lv.state is SandboxState.RUNNING]
@@ -359,6 +384,27 @@ class SandboxManager:
                 async with asyncio.timeout(max(0.01, min(wait, 3600.0))):
                     await self._ttl_changed.wait()
 
+    async def run_reaper(self) -> None:
+        """Remove sandboxes whose init process exited while they were running. Runs for the node's lifetime."""
+        try:
+            while True:
+                sandbox_id = await self._exits.exited.get()
+                live = self._live.get(sandbox_id)
+                if live is None or live.state is not SandboxState.RUNNING:
+                    continue
+                async with live.lock:
+                    if live.state is not SandboxState.RUNNING or self._live.get(sandbox_id) is not live:
+                        continue
+                    runtime = self._runtimes[RuntimeKind(live.record.runtime)]
+                    if await runtime.state(sandbox_id) == "running":
+                        self._exits.watch(sandbox_id, live.record.extra.get("init_pid"))
+                        continue
+                    log.warning("sandbox %s stopped on its own (crash or OOM); removing it", sandbox_id)
+                    await self._set_state(live, SandboxState.KILLING)
+                    await asyncio.shield(self._discard(live))
+        finally:
+            self._exits.close()
+
     async def recover(self) -> None:
         """On start: re-adopt sandboxes that still run, drop records of those that do not."""
         for record in await self._sandboxes.all():
@@ -366,6 +412,7 @@ class SandboxManager:
             state = await runtime.state(record.id) if runtime else None
             if record.state == SandboxState.RUNNING.value and state == "running" and record.address:
                 self._live[record.id] = _Live(record)
+                self._exits.watch(record.id, record.extra.get("init_pid"))
                 log.info("re-adopted sandbox %s at %s", record.id, record.address)
                 continue
             log.info("dropping sandbox %s (record %s, runtime %s)", record.id, record.state, state)

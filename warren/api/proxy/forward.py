@@ -6,6 +6,7 @@ reach the router.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -50,10 +51,14 @@ async def _send_json(send: Send, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+class SandboxGone(Exception):
+    """Raised inside a proxied response whose sandbox went away: the server drops the connection."""
+
+
 class SandboxProxy:
     """ASGI app: forwards sandbox traffic, hands everything else to ``app``."""
 
-    def __init__(self, app: ASGIApp, resolve: Resolver, domain: str | None) -> None:
+    def __init__(self, app: ASGIApp, resolve: Resolver, domain: str | None, *, max_keepalive: int = 512) -> None:
         self._app = app
         self._resolve = resolve
         self._domain = domain
@@ -62,11 +67,24 @@ class SandboxProxy:
             http2=False,
             trust_env=False,
             timeout=httpx.Timeout(connect=5.0, read=None, write=None, pool=None),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512, keepalive_expiry=30),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=max_keepalive, keepalive_expiry=30),
         )
+
+        self._streams: dict[str, set[asyncio.Timeout]] = {}
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+    def abort(self, sandbox_id: str) -> None:
+        """End every open stream to ``sandbox_id`` now (it died, was killed, or is being paused).
+
+        Each stream runs under its own ``asyncio.timeout(None)``; expiring it makes the stream's
+        handler drop the client connection, so no client waits on a sandbox that is gone.
+        """
+        loop = asyncio.get_running_loop()
+        for stream_deadline in self._streams.pop(sandbox_id, set()):
+            if stream_deadline.when() is None:
+                stream_deadline.reschedule(loop.time())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
@@ -113,6 +131,22 @@ class SandboxProxy:
         except httpx.HTTPError as exc:
             await _send_json(send, 502, f"The sandbox {target.sandbox_id} was not found: {exc}")
             return
+        streams = self._streams.setdefault(target.sandbox_id, set())
+        stream_deadline = asyncio.timeout(None)
+        streams.add(stream_deadline)
+        try:
+            async with stream_deadline:
+                await self._pump(response, send)
+        except TimeoutError:
+            log.info("proxy stream to %s aborted: the sandbox went away", target.sandbox_id)
+            raise SandboxGone(target.sandbox_id) from None
+        finally:
+            streams.discard(stream_deadline)
+            if not streams and self._streams.get(target.sandbox_id) is streams:
+                del self._streams[target.sandbox_id]
+            await response.aclose()
+
+    async def _pump(self, response: httpx.Response, send: Send) -> None:
         try:
             await send(
                 {
@@ -127,9 +161,7 @@ class SandboxProxy:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
         except (httpx.HTTPError, OSError) as exc:
-            log.debug("proxy stream to %s ended early: %s", target.sandbox_id, exc)
-        finally:
-            await response.aclose()
+            log.debug("proxy stream ended early: %s", exc)
 
     async def _websocket(self, target: Target, scope: Scope, receive: Receive, send: Send) -> None:
         address = self._upstream(target)

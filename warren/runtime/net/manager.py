@@ -1,0 +1,180 @@
+"""The sandbox network manager: address pool + netns/veth + nftables, behind one object.
+
+Usage::
+
+    network = NetworkManager(NetConfig())
+    await network.setup()                      # nft table, ip_forward; idempotent
+    net = await network.create("sbx1", allow_internet=True)
+    ...                                        # hand net.netns_path to the OCI runtime
+    await network.destroy(net)                 # idempotent
+    await network.teardown()                   # tests: delete the table again
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Collection, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from warren.errors import RuntimeFailure
+from warren.runtime.net.nat import DEFAULT_BLOCKED, NatRules, host_subnets
+from warren.runtime.net.netns import (
+    IFNAMSIZ,
+    create_netns,
+    delete_netns,
+    link_exists,
+    list_netns,
+    netns_path,
+)
+from warren.runtime.net.pool import AddressPool
+
+__all__ = ["NetConfig", "NetworkManager", "SandboxNetwork", "host_nameservers"]
+
+_log = logging.getLogger(__name__)
+
+FALLBACK_DNS = ("1.1.1.1", "8.8.8.8")
+"""Resolvers for sandboxes when the host's own is loopback-only (systemd-resolved, dnsmasq)."""
+
+
+@dataclass(frozen=True)
+class NetConfig:
+    """How sandbox networking is laid out on this host."""
+
+    cidr: str = "10.77.0.0/16"
+    netns_prefix: str = "wrn-"
+    veth_prefix: str = "wv"
+    table: str = "warren"
+    dns_servers: tuple[str, ...] | None = None
+    """None: the host's non-loopback IPv4 resolvers, else :data:`FALLBACK_DNS`."""
+    blocked_cidrs: tuple[str, ...] = DEFAULT_BLOCKED
+    """Never reachable from a sandbox; the host's own subnets are added at :meth:`NetworkManager.setup`."""
+    resolv_conf: Path = field(default=Path("/etc/resolv.conf"))
+
+
+@dataclass(frozen=True)
+class SandboxNetwork:
+    """The network side of one sandbox; serialisable so ``stop`` works after a restart."""
+
+    sandbox_id: str
+    netns: str
+    host_if: str
+    host_ip: str
+    guest_ip: str
+    prefixlen: int
+    slot: int
+    allow_internet: bool
+
+    @property
+    def netns_path(self) -> Path:
+        return netns_path(self.netns)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SandboxNetwork:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+def host_nameservers(resolv_conf: Path) -> list[str]:
+    """IPv4 ``nameserver`` entries of ``resolv_conf`` that a sandbox can use (not loopback)."""
+    servers = []
+    try:
+        lines = resolv_conf.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "nameserver":
+            try:
+                addr = ipaddress.ip_address(parts[1])
+            except ValueError:
+                continue
+            if addr.version == 4 and not addr.is_loopback and not addr.is_unspecified:
+                servers.append(str(addr))
+    return servers
+
+
+class NetworkManager:
+    """Creates and destroys per-sandbox network namespaces; owns the nft table and the pool."""
+
+    def __init__(self, config: NetConfig | None = None) -> None:
+        self.config = config or NetConfig()
+        self.pool = AddressPool(self.config.cidr)
+        widest = f"{self.config.veth_prefix}{self.pool.size - 1}"
+        if len(widest) > IFNAMSIZ:
+            raise ValueError(f"veth names like {widest!r} exceed {IFNAMSIZ} characters")
+        self.nat = NatRules(self.config.table, self.pool.network, self.config.veth_prefix)
+        self.dns_servers: tuple[str, ...] = self.config.dns_servers or (
+            tuple(host_nameservers(self.config.resolv_conf)) or FALLBACK_DNS
+        )
+
+    def netns_name(self, sandbox_id: str) -> str:
+        return f"{self.config.netns_prefix}{sandbox_id}"
+
+    def _ifname(self, slot: int) -> str:
+        return f"{self.config.veth_prefix}{slot}"
+
+    async def setup(self) -> None:
+        """Install the nft table (idempotent) and enable IPv4 forwarding."""
+        blocked = [*self.config.blocked_cidrs, *await host_subnets(self.pool.network)]
+        await self.nat.setup(self.dns_servers, blocked)
+
+    async def teardown(self) -> None:
+        """Remove the nft table and restore ``ip_forward``. Sandboxes still running lose egress."""
+        await self.nat.teardown()
+
+    async def create(self, sandbox_id: str, *, allow_internet: bool = True) -> SandboxNetwork:
+        """A fresh namespace + veth for ``sandbox_id``. Undoes its own partial work on failure."""
+        slot = self.pool.allocate(busy=lambda i: link_exists(self._ifname(i)))
+        net = SandboxNetwork(
+            sandbox_id=sandbox_id,
+            netns=self.netns_name(sandbox_id),
+            host_if=self._ifname(slot.index),
+            host_ip=slot.host_ip,
+            guest_ip=slot.guest_ip,
+            prefixlen=slot.prefixlen,
+            slot=slot.index,
+            allow_internet=allow_internet,
+        )
+        try:
+            if not allow_internet:
+                await self.nat.block_internet(net.host_if)  # before the link exists: no window
+            await create_netns(net.netns, net.host_if, net.host_ip, net.guest_ip, net.prefixlen)
+        except BaseException:
+            try:
+                await self.destroy(net)
+            except Exception:
+                _log.exception("cleanup of half-made network for %s failed", sandbox_id)
+            raise
+        return net
+
+    async def destroy(self, net: SandboxNetwork) -> None:
+        """Remove the veth, the namespace and the nft element; free the slot. Idempotent."""
+        await delete_netns(net.netns, net.host_if)
+        if not net.allow_internet:
+            await self.nat.unblock_internet(net.host_if)
+        self.pool.release(net.slot)
+
+    def adopt(self, net: SandboxNetwork) -> None:
+        """Re-register a sandbox network that outlived a restart, so its slot is not handed out."""
+        self.pool.reserve(net.slot)
+
+    async def reap(self, keep: Collection[str]) -> list[str]:
+        """Delete our namespaces whose sandbox id is not in ``keep``; return the names removed.
+
+        For recovery after a crash. The host end of each veth dies with its peer in the namespace.
+        """
+        removed = []
+        for name in list_netns(self.config.netns_prefix):
+            if name[len(self.config.netns_prefix):] in keep:
+                continue
+            try:
+                await delete_netns(name, None)
+                removed.append(name)
+            except RuntimeFailure:
+                _log.exception("could not reap network namespace %s", name)
+        return removed

@@ -1,0 +1,127 @@
+"""The OCI runtime spec (``config.json``) warren hands to runc and runsc.
+
+One pure function, :func:`build_config`; everything host-specific arrives as an argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from warren.runtime.base import AGENT_MOUNT, Resources
+
+__all__ = ["AGENT_OOM_SCORE_ADJ", "CPU_PERIOD_US", "DEFAULT_CAPABILITIES", "ConfigInputs", "build_config"]
+
+OCI_VERSION = "1.0.2"
+
+CPU_PERIOD_US = 100_000
+"""CFS period; the quota is ``cpu_count`` periods, so ``cpu_count`` cores' worth of time."""
+
+AGENT_OOM_SCORE_ADJ = -998
+"""The agent's OOM score: a memory bomb in the sandbox is killed before the agent (-1000 = never)."""
+
+DEFAULT_CAPABILITIES = (
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
+    "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_SYS_CHROOT", "CAP_MKNOD", "CAP_AUDIT_WRITE",
+    "CAP_SETFCAP",
+)
+"""Docker's default set: enough for the root agent to switch users, nothing that reaches the host."""
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+_MASKED_PATHS = (
+    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+    "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi",
+)
+_READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ConfigInputs:
+    """Everything :func:`build_config` needs for one sandbox."""
+
+    hostname: str
+    rootfs: Path
+    """The merged overlay directory (absolute, no symlinks: runc insists)."""
+    netns_path: Path
+    agent_bundle: Path
+    etc_files: Mapping[str, Path]
+    """Generated files bind-mounted over the rootfs: ``{"/etc/hosts": host_path, ...}``."""
+    cgroups_path: str
+    resources: Resources
+    args: Sequence[str]
+    env: Mapping[str, str]
+    nofile: int = 1048576
+    """RLIMIT_NOFILE (soft = hard); above the host process's own hard limit it needs CAP_SYS_RESOURCE."""
+    oom_score_adj: int | None = AGENT_OOM_SCORE_ADJ
+    """None leaves the runtime's own score (0); lowering it needs CAP_SYS_RESOURCE on the host."""
+
+
+def _mounts(inp: ConfigInputs) -> list[dict[str, Any]]:
+    shm_size = f"size={max(64, inp.resources.memory_mb // 2)}m"
+    mounts: list[dict[str, Any]] = [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+         "options": ["nosuid", "nodev", "mode=1777", shm_size]},
+        {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+        {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
+        {"destination": AGENT_MOUNT, "type": "bind", "source": str(inp.agent_bundle),
+         "options": ["rbind", "ro", "nosuid", "nodev"]},
+    ]
+    for dest, src in sorted(inp.etc_files.items()):
+        mounts.append({"destination": dest, "type": "bind", "source": str(src), "options": ["bind", "rw"]})
+    return mounts
+
+
+def _resources(res: Resources) -> dict[str, Any]:
+    memory = res.memory_mb * MIB
+    return {
+        "devices": [{"allow": False, "access": "rwm"}],
+        # swap == limit: in cgroup v1 this is memory.memsw.limit_in_bytes, so swap is no escape hatch.
+        "memory": {"limit": memory, "swap": memory},
+        "cpu": {"quota": res.cpu_count * CPU_PERIOD_US, "period": CPU_PERIOD_US},
+        "pids": {"limit": res.pids_max},
+    }
+
+
+def build_config(inp: ConfigInputs) -> dict[str, Any]:
+    """The ``config.json`` document for one sandbox running the agent as root."""
+    caps = list(DEFAULT_CAPABILITIES)
+    env = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", **inp.env}
+    config: dict[str, Any] = {
+        "ociVersion": OCI_VERSION,
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": list(inp.args),
+            "env": [f"{k}={v}" for k, v in env.items()],
+            "cwd": "/",
+            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": inp.nofile, "soft": inp.nofile}],
+            # False: sudo and other setuid tools inside the sandbox must keep working.
+            "noNewPrivileges": False,
+        },
+        "root": {"path": str(inp.rootfs), "readonly": False},
+        "hostname": inp.hostname,
+        "mounts": _mounts(inp),
+        "linux": {
+            "namespaces": [
+                {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
+                {"type": "network", "path": str(inp.netns_path)},
+            ],
+            "cgroupsPath": inp.cgroups_path,
+            "resources": _resources(inp.resources),
+            "maskedPaths": list(_MASKED_PATHS),
+            "readonlyPaths": list(_READONLY_PATHS),
+        },
+    }
+    if inp.oom_score_adj is not None:
+        config["process"]["oomScoreAdj"] = inp.oom_score_adj
+    return config

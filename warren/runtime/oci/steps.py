@@ -1,0 +1,65 @@
+"""Small building blocks of :class:`~warren.runtime.oci.runtime.OciRuntime` that need no backend state."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from warren.errors import RuntimeFailure, WarrenError
+from warren.runtime.oci.layout import SandboxPaths, SandboxRecord
+from warren.runtime.rootfs import mounts_under
+
+__all__ = ["as_runtime_failure", "load_record", "read_pid", "remove_tree", "undo_step"]
+
+_log = logging.getLogger(__name__)
+
+
+async def undo_step(what: str, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+    """Run one undo step of a failed operation; log its failure instead of masking the original error."""
+    try:
+        await fn(*args)
+    except Exception:
+        _log.exception("undo of %s after a failed operation failed", what)
+
+
+def remove_tree(root: Path) -> None:
+    """rm -r, but never through a mount point (an overlay still mounted would be emptied)."""
+    if not root.exists():
+        return
+    mounted = mounts_under(root)
+    if mounted:
+        raise RuntimeFailure(f"refusing to delete {root}: still mounted: {', '.join(map(str, mounted))}")
+    shutil.rmtree(root)
+
+
+def read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def load_record(paths: SandboxPaths) -> SandboxRecord | None:
+    """The record on disk, or None when there is none (or it cannot be read: logged)."""
+    try:
+        return SandboxRecord.from_json(paths.record.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        _log.warning("unreadable sandbox record %s: %s", paths.record, exc)
+        return None
+
+
+@contextlib.asynccontextmanager
+async def as_runtime_failure(what: str) -> AsyncIterator[None]:
+    """Turn stray OS errors (mkdir, writes, mount) into ``RuntimeFailure``; warren errors pass through."""
+    try:
+        yield
+    except WarrenError:
+        raise
+    except OSError as exc:
+        raise RuntimeFailure(f"{what} failed: {exc}") from exc
