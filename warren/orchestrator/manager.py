@@ -15,7 +15,7 @@ import logging
 import secrets
 import string
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,16 +71,16 @@ class SandboxManager:
         self._cpu_samples: dict[str, tuple[float, int]] = {}
         self._draining = False
         self._exits = ExitWatcher()
-        self._removal_listeners: list[Callable[[str], None]] = []
+        self._removal_listeners: list[Callable[[str], Awaitable[None]]] = []
 
-    def on_removed(self, listener: Callable[[str], None]) -> None:
-        """Call ``listener(sandbox_id)`` whenever a sandbox stops being routable (killed, died, paused)."""
+    def on_removed(self, listener: Callable[[str], Awaitable[None]]) -> None:
+        """Await ``listener(sandbox_id)`` whenever a sandbox stops being routable (killed, died, paused)."""
         self._removal_listeners.append(listener)
 
-    def _removed(self, sandbox_id: str) -> None:
+    async def _removed(self, sandbox_id: str) -> None:
         for listener in self._removal_listeners:
             try:
-                listener(sandbox_id)
+                await listener(sandbox_id)
             except Exception:
                 log.exception("removal listener failed for %s", sandbox_id)
 
@@ -232,7 +232,7 @@ class SandboxManager:
         sandbox_id = live.record.id
         runtime = self._runtimes.get(RuntimeKind(live.record.runtime))
         self._exits.unwatch(sandbox_id)
-        self._removed(sandbox_id)
+        await self._removed(sandbox_id)
         try:
             if runtime is not None:
                 await runtime.stop(sandbox_id)
@@ -296,7 +296,7 @@ class SandboxManager:
         runtime = self._runtimes[RuntimeKind(live.record.runtime)]
         await self._set_state(live, SandboxState.PAUSING)
         self._exits.unwatch(live.record.id)
-        self._removed(live.record.id)
+        await self._removed(live.record.id)
         try:
             await runtime.pause(live.record.id, mode)
         except RuntimeFailure:

@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
+import struct
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -36,6 +38,8 @@ _HOP_BY_HOP = frozenset(
         b"host",
     }
 )
+_RESET_ON_CLOSE = struct.pack("ii", 1, 0)
+"""SO_LINGER on, 0 s: connections to a sandbox end with a reset, leaving nothing in TIME_WAIT inside it."""
 Resolver = Callable[[str], "tuple[str, SandboxState] | None"]
 
 
@@ -62,29 +66,51 @@ class SandboxProxy:
         self._app = app
         self._resolve = resolve
         self._domain = domain
-        self._client = httpx.AsyncClient(
-            http1=True,
-            http2=False,
-            trust_env=False,
-            timeout=httpx.Timeout(connect=5.0, read=None, write=None, pool=None),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=max_keepalive, keepalive_expiry=30),
-        )
-
+        self._max_keepalive = max_keepalive
+        self._clients: dict[str, httpx.AsyncClient] = {}
         self._streams: dict[str, set[asyncio.Timeout]] = {}
 
-    async def aclose(self) -> None:
-        await self._client.aclose()
+    def _client(self, sandbox_id: str) -> httpx.AsyncClient:
+        """One connection pool per sandbox, so a pause or kill can drop exactly its connections."""
+        client = self._clients.get(sandbox_id)
+        if client is None:
+            transport = httpx.AsyncHTTPTransport(
+                http1=True,
+                http2=False,
+                socket_options=[(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)],
+                limits=httpx.Limits(
+                    max_connections=None, max_keepalive_connections=self._max_keepalive, keepalive_expiry=30
+                ),
+            )
+            timeout = httpx.Timeout(connect=5.0, read=None, write=None, pool=None)
+            client = httpx.AsyncClient(transport=transport, trust_env=False, timeout=timeout)
+            self._clients[sandbox_id] = client
+        return client
 
-    def abort(self, sandbox_id: str) -> None:
-        """End every open stream to ``sandbox_id`` now (it died, was killed, or is being paused).
+    async def aclose(self) -> None:
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            await client.aclose()
+
+    async def abort(self, sandbox_id: str) -> None:
+        """End every open stream to ``sandbox_id`` and reset its pooled connections (it died, was
+        killed, or is being paused: a gVisor checkpoint fails while a connection is open, B3).
 
         Each stream runs under its own ``asyncio.timeout(None)``; expiring it makes the stream's
         handler drop the client connection, so no client waits on a sandbox that is gone.
         """
         loop = asyncio.get_running_loop()
-        for stream_deadline in self._streams.pop(sandbox_id, set()):
+        streams = self._streams.get(sandbox_id, set())
+        for stream_deadline in list(streams):
             if stream_deadline.when() is None:
                 stream_deadline.reschedule(loop.time())
+        for _ in range(200):  # the handlers close their upstream responses within a loop turn or two
+            if not self._streams.get(sandbox_id):
+                break
+            await asyncio.sleep(0.005)
+        client = self._clients.pop(sandbox_id, None)
+        if client is not None:
+            await client.aclose()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
@@ -118,11 +144,12 @@ class SandboxProxy:
         url = f"http://{address}:{target.port}{path.decode('latin-1')}" + (
             f"?{query.decode('latin-1')}" if query else ""
         )
-        request = self._client.build_request(
+        client = self._client(target.sandbox_id)
+        request = client.build_request(
             scope["method"], url, headers=headers, content=_body(receive) if has_body else None
         )
         try:
-            response = await self._client.send(request, stream=True)
+            response = await client.send(request, stream=True)
         except httpx.ConnectError:
             await _send_json(
                 send, 502, f"The sandbox {target.sandbox_id} is running but port {target.port} is not open"
