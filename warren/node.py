@@ -31,6 +31,7 @@ from .orchestrator.manager import new_sandbox_id
 from .orchestrator.shutdown import preserve_all
 from .runtime import build_agent_bundle
 from .runtime.base import RuntimeKind
+from .snapshots import SnapshotRepository
 from .store import Database, SandboxRepo, TemplateRecord, TemplateRepo
 from .store.lock import INSTANCE_LOCK_NAME, acquire_instance_lock
 
@@ -137,8 +138,9 @@ async def _serve_locked(
         runtimes = node_runtimes.as_mapping()
         templates = TemplateRepo(db)
         await _ensure_builtin_templates(settings, templates)
+        snapshots = await asyncio.to_thread(SnapshotRepository, settings.state_dir / "snapshots")
         manager = SandboxManager(
-            settings=settings, sandboxes=SandboxRepo(db), templates=templates, runtimes=runtimes
+            settings=settings, sandboxes=SandboxRepo(db), templates=templates, runtimes=runtimes, snapshots=snapshots
         )
         await manager.recover()
 
@@ -152,6 +154,7 @@ async def _serve_locked(
             api_key=api_key,
             probes=lambda: {k.value: dict(r.probe()) for k, r in runtimes.items()},
             import_template=import_template,
+            snapshots=snapshots,
             info={"node": settings.node_name, "agent_bundle": str(agent_bundle), "footprint": caps.__dict__},
         )
         app, proxy = create_app(services, max_keepalive=caps.http_max_keepalive)

@@ -10,10 +10,18 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from warren.errors import NotFoundError, RuntimeFailure
-from warren.runtime.base import PauseMode, RuntimeKind, SandboxHandle, SandboxSpec, SandboxStats
+from warren.runtime.base import (
+    PauseMode,
+    RuntimeKind,
+    SandboxHandle,
+    SandboxSpec,
+    SandboxStats,
+    SnapshotContents,
+)
 
 
 class FakeAgent:
@@ -57,6 +65,7 @@ class FakeRuntime:
         self.running: dict[str, SandboxSpec] = {}
         self.stopped: list[str] = []
         self.fail_start = False
+        self.restored_from: dict[str, str] = {}
 
     def probe(self) -> Mapping[str, Any]:
         return {"available": self.available, "reason": "" if self.available else "fake: unavailable"}
@@ -86,6 +95,22 @@ class FakeRuntime:
     async def resume(self, spec: SandboxSpec, mode: PauseMode) -> SandboxHandle:
         self.running[spec.sandbox_id] = spec
         return SandboxHandle(spec.sandbox_id, self.kind, "127.0.0.1", agent_port=self.agent.port)
+
+    async def locate(self, sandbox_id: str) -> SandboxHandle | None:
+        if sandbox_id not in self.running:
+            return None
+        return SandboxHandle(sandbox_id, self.kind, "127.0.0.1", agent_port=self.agent.port)
+
+    async def snapshot(self, sandbox_id: str, dest: Path) -> SnapshotContents:
+        (dest / "upper").mkdir()
+        (dest / "upper" / "from").write_text(sandbox_id)
+        return SnapshotContents(memory=self.kind is RuntimeKind.GVISOR, runtime=self.kind, bytes=1)
+
+    async def restore(self, spec: SandboxSpec, snapshot: Path) -> SandboxHandle:
+        if not (snapshot / "upper").is_dir():
+            raise RuntimeFailure("fake: no upper in snapshot")
+        self.restored_from[spec.sandbox_id] = (snapshot / "upper" / "from").read_text()
+        return await self.start(spec)
 
 
 class SlowPauseRuntime(FakeRuntime):

@@ -8,8 +8,9 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from ..errors import InvalidRequestError
-from ..orchestrator.requests import CreateRequest, ListQuery
+from ..orchestrator.requests import CreateRequest, Lifecycle, ListQuery
 from ..orchestrator.states import SandboxState, public_state
+from ..snapshots import SnapshotManifest
 from ..store import SandboxRecord, TemplateRecord
 
 ENVD_VERSION = "0.6.4"
@@ -61,6 +62,7 @@ def parse_create(body: dict[str, Any]) -> CreateRequest:
     if runtime is not None and not isinstance(runtime, str):
         raise InvalidRequestError("runtime must be a string")
     return CreateRequest(
+        lifecycle=parse_lifecycle(body),
         template=template,
         timeout_s=optional_int(body, "timeout"),
         metadata=_str_map(body, "metadata"),
@@ -68,6 +70,30 @@ def parse_create(body: dict[str, Any]) -> CreateRequest:
         secure=secure is not False,
         allow_internet=allow is not False,
         runtime=runtime,
+    )
+
+
+def parse_lifecycle(body: dict[str, Any]) -> Lifecycle:
+    """``autoPause``/``autoResume``/``autoPauseMemory`` (SDK 2.63) or a ``lifecycle`` object."""
+    auto_pause = body.get("autoPause")
+    auto_resume = body.get("autoResume")
+    memory = body.get("autoPauseMemory", True)
+    if isinstance(lc := body.get("lifecycle"), dict):
+        on_timeout = lc.get("onTimeout", lc.get("on_timeout"))
+        if isinstance(on_timeout, dict):
+            memory = on_timeout.get("mode", "full") != "filesystem"
+            on_timeout = on_timeout.get("action")
+        auto_pause = on_timeout == "pause" if on_timeout is not None else auto_pause
+        auto_resume = lc.get("autoResume", lc.get("auto_resume", auto_resume))
+    if isinstance(auto_resume, dict):
+        auto_resume = auto_resume.get("enabled", False)
+    for name, value in (("autoPause", auto_pause), ("autoResume", auto_resume), ("autoPauseMemory", memory)):
+        if value is not None and not isinstance(value, bool):
+            raise InvalidRequestError(f"{name} must be a boolean")
+    if auto_resume and not auto_pause:
+        raise InvalidRequestError("autoResume needs autoPause (onTimeout: pause)")
+    return Lifecycle(
+        on_timeout="pause" if auto_pause else "kill", auto_resume=bool(auto_resume), pause_memory=memory is not False
     )
 
 
@@ -136,7 +162,23 @@ def detail_body(rec: SandboxRecord, domain: str | None) -> dict[str, Any]:
         "envdAccessToken": rec.access_token,
         "allowInternetAccess": rec.allow_internet,
         "domain": domain,
-        "lifecycle": {"autoResume": False, "onTimeout": "kill"},
+        "lifecycle": {
+            "autoResume": bool(rec.extra.get("auto_resume", False)),
+            "onTimeout": rec.extra.get("on_timeout", "kill"),
+        },
+        "pauseMode": "filesystem" if rec.extra.get("pause_mode") == "filesystem" else "full",
+    }
+
+
+def snapshot_body(m: SnapshotManifest) -> dict[str, Any]:
+    return {
+        "snapshotID": m.snapshot_id,
+        "names": list(m.names),
+        "sandboxID": m.source_sandbox_id,
+        "templateID": m.template_id,
+        "runtime": m.runtime,
+        "memory": m.memory,
+        "createdAt": rfc3339(m.created_at),
     }
 
 

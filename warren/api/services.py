@@ -11,6 +11,7 @@ from starlette.requests import Request
 
 from ..config import Settings
 from ..orchestrator.manager import SandboxManager
+from ..snapshots import SnapshotRepository
 from ..store import TemplateRecord, TemplateRepo
 
 
@@ -23,6 +24,7 @@ class Services:
     probes: Callable[[], Mapping[str, Any]]
     import_template: Callable[[Path, str, str | None], Awaitable[TemplateRecord]]
     info: Mapping[str, Any] = field(default_factory=dict)
+    snapshots: SnapshotRepository | None = None
     """Static node facts shown at /health (node name, agent bundle path)."""
 
 

@@ -20,17 +20,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import Settings
-from ..errors import ConflictError, InvalidRequestError, NotFoundError, RuntimeFailure, UnavailableError
+from ..errors import (
+    ConflictError,
+    InvalidRequestError,
+    InvalidStateError,
+    NotFoundError,
+    RuntimeFailure,
+    UnavailableError,
+    WarrenError,
+)
 from ..runtime.base import AGENT_PORT, PauseMode, Resources, Runtime, RuntimeKind, SandboxSpec, SandboxStats
-from ..store import SandboxRecord, SandboxRepo, TemplateRecord, TemplateRepo
+from ..snapshots import SnapshotManifest, SnapshotRepository
+from ..store import SandboxRecord, SandboxRepo, TemplateRepo
 from .agent import init_agent, wait_healthy
 from .exits import ExitWatcher
-from .requests import CreateRequest, ListQuery
+from .origin import Origin
+from .requests import CreateRequest, Lifecycle, ListQuery
 from .states import SandboxState, public_state, transition
 
 log = logging.getLogger(__name__)
 
 _ID_ALPHABET = string.ascii_lowercase + string.digits
+MAX_FORKS = 20
 _AGENT_START_DEADLINE_S = {RuntimeKind.RUNC: 30.0, RuntimeKind.GVISOR: 60.0}
 DEFAULT_USER = "user"
 
@@ -59,12 +70,14 @@ class SandboxManager:
         sandboxes: SandboxRepo,
         templates: TemplateRepo,
         runtimes: Mapping[RuntimeKind, Runtime],
+        snapshots: SnapshotRepository | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
         self._sandboxes = sandboxes
         self._templates = templates
         self._runtimes = runtimes
+        self._snapshots = snapshots
         self._clock = clock
         self._live: dict[str, _Live] = {}
         self._ttl_changed = asyncio.Event()
@@ -100,6 +113,21 @@ class SandboxManager:
         if live is None or live.record.address is None:
             return None
         return live.record.address, live.state
+
+    async def wake(self, sandbox_id: str) -> str | None:
+        """For proxy traffic to a paused sandbox: resume it if it auto-resumes and return its address.
+
+        None when it does not auto-resume (the proxy answers 410). Concurrent callers share one
+        resume: they queue on the sandbox's lock and find it running.
+        """
+        live = self._get_live(sandbox_id)
+        if not Lifecycle.of_extra(live.record.extra).auto_resume:
+            return None
+        record, _ = await self.connect(sandbox_id, None)
+        return record.address
+
+    def lifecycle(self, sandbox_id: str) -> Lifecycle:
+        return Lifecycle.of_extra(self._get_live(sandbox_id).record.extra)
 
     def _get_live(self, sandbox_id: str) -> _Live:
         live = self._live.get(sandbox_id)
@@ -140,53 +168,88 @@ class SandboxManager:
     # ----- create --------------------------------------------------------------------------------
 
     async def create(self, req: CreateRequest) -> SandboxRecord:
+        """A new sandbox from a template, or from a snapshot named by id or name."""
         self._admit()
-        template = await self._templates.find(req.template)
-        if template is None:
-            raise NotFoundError(f"template '{req.template}' not found")
-        kind = self._runtime_kind(req.runtime or template.runtime)
+        origin = await self._resolve_origin(req.template)
+        return await self._launch(
+            origin,
+            runtime_name=req.runtime,
+            timeout_s=req.timeout_s,
+            metadata=req.metadata,
+            env_vars={**origin.env_vars, **req.env_vars},
+            secure=req.secure,
+            allow_internet=req.allow_internet,
+            lifecycle=req.lifecycle,
+        )
+
+    async def _resolve_origin(self, name: str) -> Origin:
+        template = await self._templates.find(name)
+        if template is not None:
+            return Origin.of_template(template)
+        manifest = self._snapshots.find(name) if self._snapshots is not None else None
+        if manifest is not None and self._snapshots is not None:
+            return Origin.of_snapshot(manifest, self._snapshots.data_dir(manifest.snapshot_id))
+        raise NotFoundError(f"template '{name}' not found")
+
+    def _available_runtime(self, kind: RuntimeKind) -> Runtime:
         runtime = self._runtimes.get(kind)
         probe = runtime.probe() if runtime else {"available": False, "reason": "not configured"}
         if runtime is None or not probe.get("available"):
             raise UnavailableError(f"runtime {kind.value} is not available on this node: {probe.get('reason')}")
-        timeout = self._timeout(req.timeout_s)
+        return runtime
+
+    async def _launch(
+        self,
+        origin: Origin,
+        *,
+        runtime_name: str | None,
+        timeout_s: int | None,
+        metadata: Mapping[str, str],
+        env_vars: Mapping[str, str],
+        secure: bool,
+        allow_internet: bool,
+        lifecycle: Lifecycle | None = None,
+        snapshot_dir: Path | None = None,
+    ) -> SandboxRecord:
+        """Start one sandbox from ``origin`` (or ``snapshot_dir``, for forks) and hand it its /init."""
+        kind = self._runtime_kind(runtime_name or origin.runtime)
+        if (origin.snapshot_dir or snapshot_dir) is not None and kind.value != origin.runtime:
+            raise InvalidRequestError(f"a {origin.runtime} snapshot cannot start under {kind.value}")
+        runtime = self._available_runtime(kind)
+        timeout = self._timeout(timeout_s)
         now = self._clock()
         record = SandboxRecord(
             id=new_sandbox_id(),
-            template_id=template.id,
-            alias=template.name,
+            template_id=origin.template_id,
+            alias=origin.alias,
             runtime=kind.value,
             state=SandboxState.CREATING.value,
-            metadata=dict(req.metadata),
-            env_vars=dict(req.env_vars),
+            metadata=dict(metadata),
+            env_vars=dict(env_vars),
             started_at=now,
             end_at=now + timeout,
-            cpu_count=template.cpu_count,
-            memory_mb=template.memory_mb,
-            disk_mb=template.disk_mb,
-            access_token=secrets.token_urlsafe(24) if req.secure else None,
+            cpu_count=origin.cpu_count,
+            memory_mb=origin.memory_mb,
+            disk_mb=origin.disk_mb,
+            access_token=secrets.token_urlsafe(24) if secure else None,
             address=None,
-            allow_internet=req.allow_internet,
+            allow_internet=allow_internet,
+            extra={**origin.extra(), **((lifecycle or Lifecycle()).to_extra())},
         )
         live = _Live(record)
         self._live[record.id] = live
+        source = snapshot_dir or origin.snapshot_dir
         try:
             async with live.lock:
                 await self._sandboxes.put(record)
-                handle = await runtime.start(self._spec(record, template, kind))
+                spec = self._spec(record)
+                handle = await (runtime.restore(spec, source) if source is not None else runtime.start(spec))
                 live.record = dataclasses.replace(
                     live.record, address=handle.address, extra={**live.record.extra, "init_pid": handle.init_pid}
                 )
                 deadline = time.monotonic() + _AGENT_START_DEADLINE_S[kind]
                 await wait_healthy(handle.address, handle.agent_port, deadline)
-                await init_agent(
-                    handle.address,
-                    handle.agent_port,
-                    env_vars={**template.env, **record.env_vars},
-                    access_token=record.access_token,
-                    default_user=template.user or DEFAULT_USER,
-                    default_workdir=template.workdir,
-                )
+                await self._init(live, handle.address, handle.agent_port, previous_token=origin.agent_token)
                 await self._set_state(live, SandboxState.RUNNING)
                 self._exits.watch(record.id, handle.init_pid)
         except BaseException:
@@ -195,14 +258,24 @@ class SandboxManager:
         self._ttl_changed.set()
         return live.record
 
-    def _spec(self, record: SandboxRecord, template: TemplateRecord, kind: RuntimeKind) -> SandboxSpec:
+    async def _init(self, live: _Live, address: str, port: int, *, previous_token: str | None) -> None:
+        extra = live.record.extra
+        await init_agent(
+            address,
+            port,
+            env_vars={**extra.get("env", {}), **live.record.env_vars},
+            access_token=live.record.access_token,
+            default_user=extra.get("user") or DEFAULT_USER,
+            default_workdir=extra.get("workdir"),
+            previous_token=previous_token,
+        )
+
+    def _spec(self, record: SandboxRecord) -> SandboxSpec:
         return SandboxSpec(
             sandbox_id=record.id,
-            runtime=kind,
-            layers=tuple(Path(p) for p in template.layers),
-            resources=Resources(
-                cpu_count=record.cpu_count, memory_mb=record.memory_mb, disk_mb=record.disk_mb
-            ),
+            runtime=RuntimeKind(record.runtime),
+            layers=tuple(Path(p) for p in record.extra.get("layers", ())),
+            resources=Resources(cpu_count=record.cpu_count, memory_mb=record.memory_mb, disk_mb=record.disk_mb),
             allow_internet=record.allow_internet,
         )
 
@@ -320,32 +393,143 @@ class SandboxManager:
 
     async def _resume_locked(self, live: _Live) -> None:
         kind = RuntimeKind(live.record.runtime)
-        runtime = self._runtimes[kind]
-        template = await self._templates.find(live.record.template_id)
-        if template is None:
-            raise NotFoundError(f"template {live.record.template_id} of sandbox {live.record.id} is gone")
+        runtime = self._available_runtime(kind)
         mode = PauseMode(live.record.extra.get("pause_mode", PauseMode.MEMORY.value))
         await self._set_state(live, SandboxState.RESUMING)
         try:
-            handle = await runtime.resume(self._spec(live.record, template, kind), mode)
+            handle = await runtime.resume(self._spec(live.record), mode)
             live.record = dataclasses.replace(
                 live.record, address=handle.address, extra={**live.record.extra, "init_pid": handle.init_pid}
             )
             await wait_healthy(handle.address, handle.agent_port, time.monotonic() + _AGENT_START_DEADLINE_S[kind])
             if mode is PauseMode.FILESYSTEM:
-                await init_agent(
-                    handle.address,
-                    handle.agent_port,
-                    env_vars={**template.env, **live.record.env_vars},
-                    access_token=live.record.access_token,
-                    default_user=template.user or DEFAULT_USER,
-                    default_workdir=template.workdir,
-                )
+                await self._init(live, handle.address, handle.agent_port, previous_token=None)
         except BaseException:
             await asyncio.shield(self._set_state(live, SandboxState.PAUSED))
             raise
         await self._set_state(live, SandboxState.RUNNING)
         self._exits.watch(live.record.id, handle.init_pid)
+
+    # ----- snapshots and forks -------------------------------------------------------------------
+
+    def _repo(self) -> SnapshotRepository:
+        if self._snapshots is None:
+            raise UnavailableError("this node has no snapshot repository")
+        return self._snapshots
+
+    async def snapshot(self, sandbox_id: str, name: str | None = None) -> SnapshotManifest:
+        """Snapshot a running or paused sandbox into the repository; the source keeps its state.
+
+        A paused sandbox is snapshotted as it is (its checkpoint and upper dir are copied) and stays
+        paused. Names are unique across snapshots (409 otherwise).
+        """
+        repo = self._repo()
+        if name is not None and repo.find(name) is not None:
+            raise ConflictError(f"a snapshot named {name!r} exists already")
+        live = self._get_live(sandbox_id)
+        snapshot_id = "s" + new_sandbox_id()[1:]
+        async with live.lock:
+            self._require(live, SandboxState.RUNNING, SandboxState.PAUSED)
+            async with repo.writing(snapshot_id) as data:
+                memory = await self._snapshot_locked(live, data)
+                manifest = self._manifest(live.record, snapshot_id, (name,) if name else (), memory)
+                await repo.commit(data, manifest)
+        return manifest
+
+    async def _snapshot_locked(self, live: _Live, dest: Path) -> bool:
+        """Fill ``dest`` from the sandbox; follow the source if the runtime moved it (gVisor restore)."""
+        runtime = self._available_runtime(RuntimeKind(live.record.runtime))
+        running = live.state is SandboxState.RUNNING
+        if running:
+            self._exits.unwatch(live.record.id)
+            await self._removed(live.record.id)  # no open connection may cross a checkpoint (B3)
+        try:
+            contents = await runtime.snapshot(live.record.id, dest)
+        except RuntimeFailure:
+            if running and await runtime.state(live.record.id) != "running":
+                log.warning("snapshot destroyed sandbox %s; removing it", live.record.id)
+                await self._set_state(live, SandboxState.KILLING)
+                await asyncio.shield(self._discard(live))
+            raise
+        finally:
+            if running and live.record.id in self._live:
+                await self._follow(live, runtime)
+        return contents.memory
+
+    async def _follow(self, live: _Live, runtime: Runtime) -> None:
+        """Re-read where a running sandbox now lives (a gVisor snapshot restores it in a fresh netns)."""
+        handle = await runtime.locate(live.record.id)
+        if handle is None:
+            return
+        if handle.address != live.record.address or handle.init_pid != live.record.extra.get("init_pid"):
+            live.record = dataclasses.replace(
+                live.record, address=handle.address, extra={**live.record.extra, "init_pid": handle.init_pid}
+            )
+            await self._sandboxes.put(live.record)
+        await wait_healthy(handle.address, handle.agent_port, time.monotonic() + 30)
+        self._exits.watch(live.record.id, handle.init_pid)
+
+    def _manifest(self, rec: SandboxRecord, snapshot_id: str, names: tuple[str, ...], memory: bool) -> SnapshotManifest:
+        return SnapshotManifest(
+            snapshot_id=snapshot_id,
+            names=names,
+            source_sandbox_id=rec.id,
+            template_id=rec.template_id,
+            runtime=rec.runtime,
+            layers=tuple(rec.extra.get("layers", ())),
+            env=dict(rec.extra.get("env", {})),
+            workdir=rec.extra.get("workdir"),
+            user=rec.extra.get("user"),
+            memory=memory,
+            created_at=self._clock(),
+            cpu_count=rec.cpu_count,
+            memory_mb=rec.memory_mb,
+            disk_mb=rec.disk_mb,
+            env_vars=dict(rec.env_vars),
+            metadata=dict(rec.metadata),
+            agent_token=rec.access_token if memory else None,
+        )
+
+    async def fork(
+        self, sandbox_id: str, count: int, timeout_s: int | None
+    ) -> builtins.list[SandboxRecord | WarrenError]:
+        """``count`` independent children of a running sandbox; the source keeps running.
+
+        Each child is a fresh sandbox (new id, token, netns) restored from one private snapshot
+        taken at this moment; the snapshot is discarded afterwards. Per-child failures are returned.
+        """
+        if not 1 <= count <= MAX_FORKS:
+            raise InvalidRequestError(f"count must be between 1 and {MAX_FORKS}")
+        self._admit()
+        repo = self._repo()
+        live = self._get_live(sandbox_id)
+        async with repo.writing("fork-" + new_sandbox_id()) as data:
+            async with live.lock:
+                self._require(live, SandboxState.RUNNING)
+                memory = await self._snapshot_locked(live, data)
+            source = live.record
+            origin = Origin.of_snapshot(self._manifest(source, "fork", (), memory), data)
+
+            async def child() -> SandboxRecord | WarrenError:
+                try:
+                    return await self._launch(
+                        origin,
+                        runtime_name=source.runtime,
+                        timeout_s=timeout_s,
+                        metadata=source.metadata,
+                        env_vars=source.env_vars,
+                        secure=source.access_token is not None,
+                        allow_internet=source.allow_internet,
+                        lifecycle=Lifecycle.of_extra(source.extra),
+                    )
+                except WarrenError as exc:
+                    return exc
+
+            return list(await asyncio.gather(*(child() for _ in range(count))))
+
+    def _require(self, live: _Live, *states: SandboxState) -> None:
+        if live.state not in states:
+            raise InvalidStateError(f"sandbox {live.record.id} is {live.state.value}")
 
     def running_ids(self) -> builtins.list[str]:
         return [i for i, lv in self._live.items() if lv.state is SandboxState.RUNNING]
@@ -375,14 +559,29 @@ class SandboxManager:
                 if lv.state is SandboxState.RUNNING and lv.record.end_at <= now
             ]
             for sandbox_id in expired:
-                log.info("sandbox %s reached its timeout; killing", sandbox_id)
-                with contextlib.suppress(NotFoundError):
-                    await self.kill(sandbox_id)
+                await self._expire(sandbox_id)
             pending = [lv.record.end_at for lv in self._live.values() if lv.state is SandboxState.RUNNING]
             wait = min(pending) - self._clock() if pending else 3600.0
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.01, min(wait, 3600.0))):
                     await self._ttl_changed.wait()
+
+    async def _expire(self, sandbox_id: str) -> None:
+        live = self._live.get(sandbox_id)
+        if live is None:
+            return
+        policy = Lifecycle.of_extra(live.record.extra)
+        try:
+            if policy.on_timeout == "pause":
+                log.info("sandbox %s reached its timeout; pausing", sandbox_id)
+                await self.pause(sandbox_id, memory=policy.pause_memory)
+            else:
+                log.info("sandbox %s reached its timeout; killing", sandbox_id)
+                await self.kill(sandbox_id)
+        except (NotFoundError, ConflictError):
+            pass
+        except WarrenError as exc:
+            log.warning("timeout action on %s failed: %s", sandbox_id, exc)
 
     async def run_reaper(self) -> None:
         """Remove sandboxes whose init process exited while they were running. Runs for the node's lifetime."""
@@ -406,18 +605,37 @@ class SandboxManager:
             self._exits.close()
 
     async def recover(self) -> None:
-        """On start: re-adopt sandboxes that still run, drop records of those that do not."""
+        """On start: re-adopt what still runs or stays paused; settle half-done transitions; drop the rest.
+
+        A crash mid-pause ends paused if the runtime finished the pause, else running; mid-resume ends
+        running if the runtime finished, else paused. Anything else without a live runtime is removed
+        with its artifacts.
+        """
         for record in await self._sandboxes.all():
             runtime = self._runtimes.get(RuntimeKind(record.runtime))
-            state = await runtime.state(record.id) if runtime else None
-            if record.state == SandboxState.RUNNING.value and state == "running" and record.address:
-                self._live[record.id] = _Live(record)
-                self._exits.watch(record.id, record.extra.get("init_pid"))
-                log.info("re-adopted sandbox %s at %s", record.id, record.address)
+            actual = await runtime.state(record.id) if runtime else None
+            target = _settle(SandboxState(record.state), actual)
+            if target is None or (target is SandboxState.RUNNING and not record.address):
+                log.info("dropping sandbox %s (record %s, runtime %s)", record.id, record.state, actual)
+                await self._discard(_Live(record))
                 continue
-            log.info("dropping sandbox %s (record %s, runtime %s)", record.id, record.state, state)
-            await self._discard(_Live(record))
+            live = _Live(dataclasses.replace(record, state=target.value))
+            if target.value != record.state:
+                await self._sandboxes.put(live.record)
+                log.info("sandbox %s: %s at crash, now %s", record.id, record.state, target.value)
+            self._live[record.id] = live
+            if target is SandboxState.RUNNING:
+                self._exits.watch(record.id, record.extra.get("init_pid"))
+            log.info("re-adopted sandbox %s (%s)", record.id, target.value)
         self._ttl_changed.set()
+
+def _settle(recorded: SandboxState, actual: str | None) -> SandboxState | None:
+    """Where a sandbox found at start-up stands, from its record and the runtime's view."""
+    if actual == "running" and recorded in (SandboxState.RUNNING, SandboxState.PAUSING, SandboxState.RESUMING):
+        return SandboxState.RUNNING
+    if actual == "paused" and recorded in (SandboxState.PAUSED, SandboxState.PAUSING, SandboxState.RESUMING):
+        return SandboxState.PAUSED
+    return None
 
 
 def _encode_token(record: SandboxRecord) -> str:

@@ -71,6 +71,16 @@ class SandboxHandle:
 
 
 @dataclass(frozen=True)
+class SnapshotContents:
+    """What :meth:`Runtime.snapshot` wrote."""
+
+    memory: bool
+    """True when ``checkpoint/`` holds a memory image (processes resume where they were)."""
+    runtime: RuntimeKind
+    bytes: int
+
+
+@dataclass(frozen=True)
 class SandboxStats:
     """Resource counters of one sandbox, read from its cgroups and upper dir."""
 
@@ -121,4 +131,24 @@ class Runtime(Protocol):
 
     async def resume(self, spec: SandboxSpec, mode: PauseMode) -> SandboxHandle:
         """Undo :meth:`pause`; the address may change (fresh netns for a restore)."""
+        ...
+
+    async def locate(self, sandbox_id: str) -> SandboxHandle | None:
+        """Where a running sandbox's agent is now (address, init pid), or None when it is not running."""
+        ...
+
+    async def snapshot(self, sandbox_id: str, dest: Path) -> SnapshotContents:
+        """Copy a running or paused sandbox into the empty directory ``dest``; the source keeps its state.
+
+        ``dest/upper`` always (the filesystem), ``dest/checkpoint`` when memory is included (gVisor:
+        checkpoint, copy, restore the source into a fresh netns; the source's address may change).
+        """
+        ...
+
+    async def restore(self, spec: SandboxSpec, snapshot: Path) -> SandboxHandle:
+        """Start a new sandbox ``spec.sandbox_id`` from a snapshot directory (read, never modified).
+
+        With a memory image the processes continue where they were; without one, the agent starts
+        afresh on a copy of the snapshot's filesystem.
+        """
         ...

@@ -12,7 +12,7 @@ import json
 import logging
 import socket
 import struct
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -20,6 +20,7 @@ import websockets
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...aio import race
+from ...errors import WarrenError
 from ...orchestrator.states import SandboxState
 from .routing import Target, target_of
 
@@ -41,6 +42,9 @@ _HOP_BY_HOP = frozenset(
 _RESET_ON_CLOSE = struct.pack("ii", 1, 0)
 """SO_LINGER on, 0 s: connections to a sandbox end with a reset, leaving nothing in TIME_WAIT inside it."""
 Resolver = Callable[[str], "tuple[str, SandboxState] | None"]
+Waker = Callable[[str], Awaitable[str | None]]
+_WAKE_DEADLINE_S = 60.0
+"""How long proxied requests wait for a paused sandbox to auto-resume (gVisor restores take ~0.3-2 s)."""
 
 
 async def _send_json(send: Send, status: int, message: str) -> None:
@@ -55,6 +59,10 @@ async def _send_json(send: Send, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+class _Paused(Exception):
+    """The target sandbox is paused and does not auto-resume."""
+
+
 class SandboxGone(Exception):
     """Raised inside a proxied response whose sandbox went away: the server drops the connection."""
 
@@ -62,9 +70,18 @@ class SandboxGone(Exception):
 class SandboxProxy:
     """ASGI app: forwards sandbox traffic, hands everything else to ``app``."""
 
-    def __init__(self, app: ASGIApp, resolve: Resolver, domain: str | None, *, max_keepalive: int = 512) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        resolve: Resolver,
+        domain: str | None,
+        *,
+        wake: Waker | None = None,
+        max_keepalive: int = 512,
+    ) -> None:
         self._app = app
         self._resolve = resolve
+        self._wake = wake
         self._domain = domain
         self._max_keepalive = max_keepalive
         self._clients: dict[str, httpx.AsyncClient] = {}
@@ -123,14 +140,35 @@ class SandboxProxy:
                 return
         await self._app(scope, receive, send)
 
-    def _upstream(self, target: Target) -> str | None:
+    async def _upstream(self, target: Target) -> str | None:
+        """The sandbox's address, resuming it first if it is paused and auto-resumes.
+
+        Raises ``_Paused`` for a paused sandbox that does not auto-resume; None when unknown.
+        """
         route = self._resolve(target.sandbox_id)
-        if route is None or route[1] is not SandboxState.RUNNING or not 0 < target.port < 65536:
+        if route is None or not 0 < target.port < 65536:
             return None
-        return route[0]
+        address, state = route
+        if state is SandboxState.RUNNING:
+            return address
+        if state in (SandboxState.PAUSED, SandboxState.PAUSING, SandboxState.RESUMING) and self._wake is not None:
+            try:
+                async with asyncio.timeout(_WAKE_DEADLINE_S):
+                    woken = await self._wake(target.sandbox_id)
+            except (WarrenError, TimeoutError) as exc:
+                log.warning("auto-resume of %s failed: %s", target.sandbox_id, exc)
+                return None
+            if woken is None:
+                raise _Paused(target.sandbox_id)
+            return woken
+        return None
 
     async def _http(self, target: Target, scope: Scope, receive: Receive, send: Send) -> None:
-        address = self._upstream(target)
+        try:
+            address = await self._upstream(target)
+        except _Paused:
+            await _send_json(send, 410, f"The sandbox {target.sandbox_id} is paused; resume it with connect")
+            return
         if address is None:
             await _send_json(send, 502, f"The sandbox {target.sandbox_id} was not found")
             return
@@ -191,7 +229,10 @@ class SandboxProxy:
             log.debug("proxy stream ended early: %s", exc)
 
     async def _websocket(self, target: Target, scope: Scope, receive: Receive, send: Send) -> None:
-        address = self._upstream(target)
+        try:
+            address = await self._upstream(target)
+        except _Paused:
+            address = None
         first = await receive()
         if first["type"] != "websocket.connect":
             return

@@ -8,7 +8,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ...errors import InvalidRequestError
+from ...errors import InvalidRequestError, WarrenError
+from ..errors import status_for
 from ..models import (
     detail_body,
     listed_body,
@@ -86,7 +87,48 @@ async def metrics(request: Request) -> Response:
     )
 
 
+def _bool(body: dict[str, object], key: str, default: bool) -> bool:
+    value = body.get(key, default)
+    if not isinstance(value, bool):
+        raise InvalidRequestError(f"{key} must be a boolean")
+    return value
+
+
+async def pause(request: Request) -> Response:
+    body = parse_json_object(await request.body())
+    await services(request).manager.pause(request.path_params["sandbox_id"], memory=_bool(body, "memory", True))
+    return Response(status_code=204)
+
+
+async def resume(request: Request) -> Response:
+    """Deprecated in E2B (``connect`` resumes); kept working."""
+    svc = services(request)
+    body = parse_json_object(await request.body())
+    record = await svc.manager.resume(request.path_params["sandbox_id"], optional_int(body, "timeout"))
+    return JSONResponse(sandbox_body(record, svc.settings.domain), status_code=201)
+
+
+async def fork(request: Request) -> Response:
+    svc = services(request)
+    body = parse_json_object(await request.body())
+    count = optional_int(body, "count")
+    results = await svc.manager.fork(
+        request.path_params["sandbox_id"], 1 if count is None else count, optional_int(body, "timeout")
+    )
+    out: list[dict[str, object]] = []
+    for item in results:
+        if isinstance(item, WarrenError):
+            status = status_for(item)
+            out.append({"error": {"code": status, "message": str(item)}})
+        else:
+            out.append({"sandbox": sandbox_body(item, svc.settings.domain)})
+    return JSONResponse(out, status_code=201)
+
+
 ROUTES = [
+    Route("/sandboxes/{sandbox_id}/pause", pause, methods=["POST"]),
+    Route("/sandboxes/{sandbox_id}/resume", resume, methods=["POST"]),
+    Route("/sandboxes/{sandbox_id}/fork", fork, methods=["POST"]),
     Route("/sandboxes", create, methods=["POST"]),
     Route("/v2/sandboxes", create, methods=["POST"]),
     Route("/sandboxes", list_sandboxes, methods=["GET"]),

@@ -1,0 +1,74 @@
+"""E2B snapshot routes: create from a sandbox, list with filters and pages, get, delete."""
+
+from __future__ import annotations
+
+import base64
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ...errors import InvalidRequestError, NotFoundError
+from ..models import parse_json_object, snapshot_body
+from ..services import services
+
+
+async def create_snapshot(request: Request) -> Response:
+    body = parse_json_object(await request.body())
+    name = body.get("name")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise InvalidRequestError("name must be a non-empty string")
+    manifest = await services(request).manager.snapshot(request.path_params["sandbox_id"], name)
+    return JSONResponse({"snapshotID": manifest.snapshot_id, "names": list(manifest.names)}, status_code=201)
+
+
+async def list_snapshots(request: Request) -> Response:
+    repo = services(request).snapshots
+    if repo is None:
+        return JSONResponse([])
+    q = request.query_params
+    items = repo.list()
+    if sandbox_id := q.get("sandboxID"):
+        items = [m for m in items if m.source_sandbox_id == sandbox_id]
+    if name := q.get("name"):
+        items = [m for m in items if name in m.names or m.snapshot_id == name]
+    if token := q.get("nextToken"):
+        try:
+            after = base64.urlsafe_b64decode(token.encode()).decode()
+        except ValueError:
+            raise InvalidRequestError("invalid nextToken") from None
+        items = [m for m in items if f"{m.created_at!r}:{m.snapshot_id}" > after]
+    headers = None
+    if raw_limit := q.get("limit"):
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 1000:
+            raise InvalidRequestError("limit must be between 1 and 1000")
+        if len(items) > int(raw_limit):
+            items = items[: int(raw_limit)]
+            last = f"{items[-1].created_at!r}:{items[-1].snapshot_id}"
+            headers = {"x-next-token": base64.urlsafe_b64encode(last.encode()).decode()}
+    return JSONResponse([snapshot_body(m) for m in items], headers=headers)
+
+
+async def get_snapshot(request: Request) -> Response:
+    repo = services(request).snapshots
+    manifest = repo.find(request.path_params["snapshot_id"]) if repo else None
+    if manifest is None:
+        raise NotFoundError(f"snapshot {request.path_params['snapshot_id']} not found")
+    return JSONResponse(snapshot_body(manifest))
+
+
+async def delete_snapshot(request: Request) -> Response:
+    repo = services(request).snapshots
+    manifest = repo.find(request.path_params["snapshot_id"]) if repo else None
+    if manifest is None or repo is None:
+        raise NotFoundError(f"snapshot {request.path_params['snapshot_id']} not found")
+    await repo.delete(manifest.snapshot_id)
+    return Response(status_code=204)
+
+
+ROUTES = [
+    Route("/sandboxes/{sandbox_id}/snapshots", create_snapshot, methods=["POST"]),
+    Route("/snapshots", list_snapshots, methods=["GET"]),
+    Route("/snapshots/{snapshot_id}", get_snapshot, methods=["GET"]),
+    Route("/snapshots/{snapshot_id}", delete_snapshot, methods=["DELETE"]),
+]
