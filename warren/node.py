@@ -52,6 +52,7 @@ class _Server(uvicorn.Server):
 def run_node(settings: Settings) -> None:
     """Run a node until SIGTERM or SIGINT; blocking."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request otherwise
     asyncio.run(_run_with_signals(settings))
 
 

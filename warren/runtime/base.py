@@ -78,6 +78,10 @@ class SnapshotContents:
     """True when ``checkpoint/`` holds a memory image (processes resume where they were)."""
     runtime: RuntimeKind
     bytes: int
+    """Disk space the snapshot directory takes (allocated blocks)."""
+    source: SandboxHandle | None = None
+    """The source's handle after the snapshot when it is running, else None (paused). A gVisor source is
+    checkpointed and restored into a fresh netns, so its ``address`` and ``init_pid`` may have changed."""
 
 
 @dataclass(frozen=True)
