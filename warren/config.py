@@ -26,6 +26,8 @@ class Settings:
     network_cidr: str = "10.77.0.0/16"
     node_name: str = "warren"
     default_runtime: str = "runc"
+    runtimes_file: Path | None = None
+    """JSON runtime configs (seed 003); None: one config per local binary (runc, runsc)."""
     lock_budget_s: float = 120.0
     """How long start-up keeps retrying a state dir held by another server (seed 001)."""
     shutdown_concurrency: int = 8
@@ -42,6 +44,8 @@ class Settings:
             env["cache_dir"] = Path(cache)
         if runsc := os.environ.get("WARREN_RUNSC"):
             env["runsc_path"] = Path(runsc)
+        if runtimes := os.environ.get("WARREN_RUNTIMES"):
+            env["runtimes_file"] = Path(runtimes)
         if budget := os.environ.get("WARREN_LOCK_BUDGET_S"):
             env["lock_budget_s"] = float(budget)
         if conc := os.environ.get("WARREN_SHUTDOWN_CONCURRENCY"):

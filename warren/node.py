@@ -141,7 +141,12 @@ async def _serve_locked(
         await _ensure_builtin_templates(settings, templates)
         snapshots = await asyncio.to_thread(SnapshotRepository, settings.state_dir / "snapshots")
         manager = SandboxManager(
-            settings=settings, sandboxes=SandboxRepo(db), templates=templates, runtimes=runtimes, snapshots=snapshots
+            settings=settings,
+            sandboxes=SandboxRepo(db),
+            templates=templates,
+            runtimes=runtimes,
+            snapshots=snapshots,
+            registry=node_runtimes.registry,
         )
         await manager.recover()
 
@@ -156,6 +161,8 @@ async def _serve_locked(
             probes=lambda: {k.value: dict(r.probe()) for k, r in runtimes.items()},
             import_template=import_template,
             snapshots=snapshots,
+            registry=node_runtimes.registry,
+            reload_runtimes=lambda: node_runtimes.reload(settings),
             info={"node": settings.node_name, "agent_bundle": str(agent_bundle), "footprint": caps.__dict__},
         )
         app, proxy = create_app(services, max_keepalive=caps.http_max_keepalive)
@@ -176,6 +183,7 @@ async def _serve_locked(
                 serving = group.create_task(server.serve(), name="http-server")
                 timers = group.create_task(manager.run_timers(), name="ttl-timers")
                 reaper = group.create_task(manager.run_reaper(), name="exit-reaper")
+                prewarm = group.create_task(node_runtimes.registry.prewarmer.run(), name="runtime-prewarm")
                 while not server.started:
                     if stop.is_set() or server.should_exit:
                         break
@@ -192,6 +200,7 @@ async def _serve_locked(
                 server.should_exit = True
                 timers.cancel()
                 reaper.cancel()
+                prewarm.cancel()
         finally:
             await proxy.aclose()
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 from dataclasses import dataclass
@@ -9,9 +10,16 @@ from pathlib import Path
 
 from .config import Settings
 from .runtime import NetConfig, NetworkManager, OciRuntime
+from .runtime.assets import AssetCache
 from .runtime.base import Runtime, RuntimeKind
+from .runtime.index import RuntimeIndex
+from .runtime.records import RuntimeConfig
+from .runtime.registry import RuntimeRegistry, load_configs, local_configs
 
 log = logging.getLogger(__name__)
+
+ASSET_MAX_BYTES = 2 << 30
+"""Largest single runtime asset the node fetches (a runsc binary is ~40 MB, a kernel less)."""
 
 
 def guest_source_dir() -> Path:
@@ -30,6 +38,19 @@ def _binary(name: str, override: Path | None) -> Path:
 class NodeRuntimes:
     network: NetworkManager
     backends: dict[RuntimeKind, OciRuntime]
+    registry: RuntimeRegistry
+
+    def configs(self, settings: Settings) -> list[RuntimeConfig]:
+        """What the node runs: the runtimes file if set, else its local binaries."""
+        if settings.runtimes_file is not None:
+            return load_configs(settings.runtimes_file)
+        gvisor = self.backends[RuntimeKind.GVISOR]
+        return local_configs(self.backends[RuntimeKind.RUNC].binary, gvisor.binary if gvisor.binary.is_file() else None)
+
+    async def reload(self, settings: Settings) -> None:
+        """Re-read the configs: register durably first, then switch defaults and prewarm."""
+        configs = await asyncio.to_thread(self.configs, settings)
+        await self.registry.configure(configs)
 
     def as_mapping(self) -> dict[RuntimeKind, Runtime]:
         return dict(self.backends)
@@ -54,4 +75,9 @@ async def start_runtimes(settings: Settings, agent_bundle: Path) -> NodeRuntimes
         probe = await backend.setup()
         log.info("runtime %s: %s", kind.value, probe)
         await backend.recover()
-    return NodeRuntimes(network, backends)
+    index = RuntimeIndex(settings.state_dir / "runtime-index.json")
+    await asyncio.to_thread(index.load)
+    cache = await asyncio.to_thread(AssetCache, settings.state_dir / "assets", max_bytes=ASSET_MAX_BYTES)
+    runtimes = NodeRuntimes(network, backends, RuntimeRegistry(index, cache))
+    await runtimes.reload(settings)
+    return runtimes

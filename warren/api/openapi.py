@@ -41,6 +41,11 @@ _OPERATIONS: list[tuple[str, str, str, int, tuple[int, ...]]] = [
     ("get", "/v2/templates", "List templates", 200, (401,)),
     ("get", "/templates/{templateID}", "Get a template", 200, (401, 404)),
     ("post", "/warren/templates/import", "Import a rootfs directory as a template", 201, (400, 401, 409)),
+    ("get", "/runtimes", "Runtimes by hash: class, default flag, prewarm state", 200, (401,)),
+    ("post", "/warren/runtimes", "Register a runtime record in the durable index", 201, (400, 401, 500)),
+    ("post", "/warren/runtimes/reload", "Re-read the node's runtime configs", 200, (400, 401, 500)),
+    ("get", "/nodes", "This node's description with its runtime hashes", 200, (401,)),
+    ("get", "/nodes/{nodeID}", "One node", 200, (401, 404)),
     ("get", "/health", "Node health and runtime probe details (no auth)", 200, ()),
     ("get", "/openapi.json", "This document (no auth)", 200, ()),
 ]

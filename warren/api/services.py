@@ -11,6 +11,7 @@ from starlette.requests import Request
 
 from ..config import Settings
 from ..orchestrator.manager import SandboxManager
+from ..runtime.registry import RuntimeRegistry
 from ..snapshots import SnapshotRepository
 from ..store import TemplateRecord, TemplateRepo
 
@@ -25,6 +26,8 @@ class Services:
     import_template: Callable[[Path, str, str | None], Awaitable[TemplateRecord]]
     info: Mapping[str, Any] = field(default_factory=dict)
     snapshots: SnapshotRepository | None = None
+    registry: RuntimeRegistry | None = None
+    reload_runtimes: Callable[[], Awaitable[None]] | None = None
     """Static node facts shown at /health (node name, agent bundle path)."""
 
 

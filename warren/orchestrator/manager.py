@@ -30,6 +30,7 @@ from ..errors import (
     WarrenError,
 )
 from ..runtime.base import AGENT_PORT, PauseMode, Resources, Runtime, RuntimeKind, SandboxSpec, SandboxStats
+from ..runtime.registry import RuntimeRegistry, StagedRuntime
 from ..snapshots import SnapshotManifest, SnapshotRepository
 from ..store import SandboxRecord, SandboxRepo, TemplateRepo
 from .agent import init_agent, wait_healthy
@@ -71,6 +72,7 @@ class SandboxManager:
         templates: TemplateRepo,
         runtimes: Mapping[RuntimeKind, Runtime],
         snapshots: SnapshotRepository | None = None,
+        registry: RuntimeRegistry | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
@@ -78,6 +80,7 @@ class SandboxManager:
         self._templates = templates
         self._runtimes = runtimes
         self._snapshots = snapshots
+        self._registry = registry
         self._clock = clock
         self._live: dict[str, _Live] = {}
         self._ttl_changed = asyncio.Event()
@@ -216,6 +219,7 @@ class SandboxManager:
         if (origin.snapshot_dir or snapshot_dir) is not None and kind.value != origin.runtime:
             raise InvalidRequestError(f"a {origin.runtime} snapshot cannot start under {kind.value}")
         runtime = self._available_runtime(kind)
+        staged = await self._stage(origin.runtime_hash if origin.snapshot_dir or snapshot_dir else None, kind)
         timeout = self._timeout(timeout_s)
         now = self._clock()
         record = SandboxRecord(
@@ -234,7 +238,11 @@ class SandboxManager:
             access_token=secrets.token_urlsafe(24) if secure else None,
             address=None,
             allow_internet=allow_internet,
-            extra={**origin.extra(), **((lifecycle or Lifecycle()).to_extra())},
+            extra={
+                **origin.extra(),
+                **((lifecycle or Lifecycle()).to_extra()),
+                **({"runtime_hash": staged.runtime_hash} if staged else {}),
+            },
         )
         live = _Live(record)
         self._live[record.id] = live
@@ -242,7 +250,7 @@ class SandboxManager:
         try:
             async with live.lock:
                 await self._sandboxes.put(record)
-                spec = self._spec(record)
+                spec = self._spec(record, staged)
                 handle = await (runtime.restore(spec, source) if source is not None else runtime.start(spec))
                 live.record = dataclasses.replace(
                     live.record, address=handle.address, extra={**live.record.extra, "init_pid": handle.init_pid}
@@ -270,8 +278,19 @@ class SandboxManager:
             previous_token=previous_token,
         )
 
-    def _spec(self, record: SandboxRecord) -> SandboxSpec:
+    async def _stage(self, runtime_hash: str | None, kind: RuntimeKind) -> StagedRuntime | None:
+        """The runtime to run on: the recorded hash (409 if the index misses it), else the default."""
+        if self._registry is None:
+            return None
+        if runtime_hash is None:
+            runtime_hash = self._registry.default_hash(kind.value)
+            if runtime_hash is None:
+                return None
+        return await self._registry.stage(runtime_hash)
+
+    def _spec(self, record: SandboxRecord, staged: StagedRuntime | None = None) -> SandboxSpec:
         return SandboxSpec(
+            runtime_binary=staged.binary if staged else None,
             sandbox_id=record.id,
             runtime=RuntimeKind(record.runtime),
             layers=tuple(Path(p) for p in record.extra.get("layers", ())),
@@ -395,9 +414,11 @@ class SandboxManager:
         kind = RuntimeKind(live.record.runtime)
         runtime = self._available_runtime(kind)
         mode = PauseMode(live.record.extra.get("pause_mode", PauseMode.MEMORY.value))
+        recorded = live.record.extra.get("runtime_hash")
+        staged = await self._stage(recorded, kind) if recorded else None
         await self._set_state(live, SandboxState.RESUMING)
         try:
-            handle = await runtime.resume(self._spec(live.record), mode)
+            handle = await runtime.resume(self._spec(live.record, staged), mode)
             live.record = dataclasses.replace(
                 live.record, address=handle.address, extra={**live.record.extra, "init_pid": handle.init_pid}
             )
@@ -488,6 +509,7 @@ class SandboxManager:
             env_vars=dict(rec.env_vars),
             metadata=dict(rec.metadata),
             agent_token=rec.access_token if memory else None,
+            runtime_hash=rec.extra.get("runtime_hash"),
         )
 
     async def fork(

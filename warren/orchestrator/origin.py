@@ -30,6 +30,8 @@ class Origin:
     snapshot_id: str | None = None
     agent_token: str | None = None
     """The token the agent inside a memory snapshot still holds; /init must present it to rotate it."""
+    runtime_hash: str | None = None
+    """The runtime a snapshot was taken under; restoring it needs exactly that runtime."""
 
     @classmethod
     def of_template(cls, t: TemplateRecord) -> Origin:
@@ -65,6 +67,7 @@ class Origin:
             snapshot_dir=data_dir,
             snapshot_id=m.snapshot_id,
             agent_token=m.agent_token if m.memory else None,
+            runtime_hash=m.runtime_hash,
         )
 
     def extra(self) -> dict[str, Any]:

@@ -57,6 +57,11 @@ class SandboxSpec:
     agent_env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment for the guest agent process."""
     allow_internet: bool = True
+    runtime_binary: Path | None = None
+    """The runtime CLI staged for this sandbox's runtime hash (seed 003); None: the backend's own.
+
+    A backend records it with the sandbox and uses it for every later command on that sandbox
+    (stop, pause, checkpoint, restore), so a sandbox keeps the exact runtime it was made with."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from warren.api import Services, create_app
 from warren.api.models import parse_list_query
 from warren.api.openapi import OPENAPI
 from warren.api.proxy import Target, target_of
-from warren.api.routes import node, sandboxes, snapshots
+from warren.api.routes import node, runtimes, sandboxes, snapshots
 from warren.config import Settings
 from warren.orchestrator import SandboxManager
 from warren.runtime.base import RuntimeKind
@@ -111,9 +111,9 @@ def test_metadata_query_is_double_decoded() -> None:
 
 def test_openapi_covers_every_route() -> None:
     documented = {(m.upper(), p.replace("{sandboxID}", "{sandbox_id}").replace("{templateID}", "{template_id}")
-                   .replace("{snapshotID}", "{snapshot_id}"))
+                   .replace("{snapshotID}", "{snapshot_id}").replace("{nodeID}", "{node_id}"))
                   for p, ops in OPENAPI["paths"].items() for m in ops}
-    for route in [*sandboxes.ROUTES, *snapshots.ROUTES, *node.ROUTES]:
+    for route in [*sandboxes.ROUTES, *snapshots.ROUTES, *runtimes.ROUTES, *node.ROUTES]:
         for method in route.methods or ():
             if method != "HEAD":
                 assert (method, route.path) in documented
