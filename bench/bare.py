@@ -8,6 +8,7 @@ covers runtime start + interpreter start + the agent's main imports + exit.
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -34,6 +35,8 @@ def _bundle(root: Path, rootfs: Path, agent_bundle: Path, name: str) -> Path:
             resources=Resources(),
             args=BARE_ARGS,
             env={},
+            nofile=min(1 << 20, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
+            oom_score_adj=None,
         )
     )
     config["root"]["readonly"] = True

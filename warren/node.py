@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +25,18 @@ from .api.auth import load_or_create_api_key
 from .config import Settings
 from .errors import ConflictError, InvalidRequestError
 from .footprint import FootprintCaps, apply_footprint_caps
-from .node_runtimes import guest_source_dir, start_runtimes
+from .images import LayerStore
+from .node_runtimes import guest_source_dir, reap_orphans_for_node, start_runtimes
 from .orchestrator import SandboxManager
 from .orchestrator.manager import new_sandbox_id
+from .orchestrator.requests import ListQuery
 from .orchestrator.shutdown import preserve_all
 from .runtime import build_agent_bundle
 from .runtime.base import RuntimeKind
 from .snapshots import SnapshotRepository
 from .store import Database, SandboxRepo, TemplateRecord, TemplateRepo
 from .store.lock import INSTANCE_LOCK_NAME, acquire_instance_lock
+from .templates.build import BuildRuntime, BuildService, Usage
 
 log = logging.getLogger("warren.node")
 
@@ -53,7 +56,17 @@ def run_node(settings: Settings) -> None:
     """Run a node until SIGTERM or SIGINT; blocking."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request otherwise
-    asyncio.run(_run_with_signals(settings))
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(_run_with_signals(settings))
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed (the proxy's per-request cost roughly halves), else asyncio's own."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 async def _run_with_signals(settings: Settings) -> None:
@@ -108,6 +121,27 @@ async def _ensure_builtin_templates(settings: Settings, repo: TemplateRepo) -> N
             log.info("imported built-in template %s", name)
 
 
+async def _build_service(
+    settings: Settings,
+    templates: TemplateRepo,
+    runc: BuildRuntime | None,
+    manager: SandboxManager,
+    snapshots: SnapshotRepository,
+) -> BuildService:
+    """Template builds and pulls: the node's image layer store, and what keeps layers in use."""
+
+    def usage() -> Usage:
+        sandboxes, _ = manager.list(ListQuery())
+        layers = {p for r in sandboxes for p in r.extra.get("layers", ())}
+        layers |= {p for m in snapshots.list() for p in m.layers}
+        return Usage(frozenset(r.template_id for r in sandboxes), frozenset(layers))
+
+    image_store = await asyncio.to_thread(LayerStore, settings.state_dir / "images")
+    builds = BuildService(settings=settings, templates=templates, runtime=runc, image_store=image_store, usage=usage)
+    await builds.recover()
+    return builds
+
+
 async def serve(
     settings: Settings,
     *,
@@ -149,6 +183,9 @@ async def _serve_locked(
             registry=node_runtimes.registry,
         )
         await manager.recover()
+        await reap_orphans_for_node(node_runtimes, manager.known_ids(), settings)
+        runc = node_runtimes.backends.get(RuntimeKind.RUNC)
+        builds = await _build_service(settings, templates, runc, manager, snapshots)
 
         async def import_template(src: Path, name: str, runtime: str | None) -> TemplateRecord:
             return await _import_template(templates, settings.state_dir, src, name, runtime)
@@ -163,6 +200,7 @@ async def _serve_locked(
             snapshots=snapshots,
             registry=node_runtimes.registry,
             reload_runtimes=lambda: node_runtimes.reload(settings),
+            builds=builds,
             info={"node": settings.node_name, "agent_bundle": str(agent_bundle), "footprint": caps.__dict__},
         )
         app, proxy = create_app(services, max_keepalive=caps.http_max_keepalive)
@@ -201,6 +239,7 @@ async def _serve_locked(
                 timers.cancel()
                 reaper.cancel()
                 prewarm.cancel()
+                await builds.aclose()
         finally:
             await proxy.aclose()
     finally:

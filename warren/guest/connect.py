@@ -375,17 +375,24 @@ async def _serve_server_stream(
     method: Method, request: Request, response: Response, make_call: Callable[[], Call]
 ) -> None:
     out = _StreamWriter(response)
+    envelopes = _read_envelopes(request)
     try:
         call = make_call()
-        msg: Message | None = None
-        async for item in _read_envelopes(request):
-            if msg is None:
-                msg = item
+        # Start on the first message: clients write the terminating chunk separately, and with
+        # Nagle on their side it only leaves after our delayed ACK (40 ms on every command).
+        msg: Message | None = await anext(envelopes, None)
         if msg is None:
             raise RpcError("invalid_argument", "a server-stream call needs one request message")
     except RpcError as exc:
+        async for _ in envelopes:
+            pass
         await out.finish(exc)
         return
+
+    async def rest_then_peer_closed() -> None:
+        async for _ in envelopes:  # a server-stream request has one message; extras are ignored
+            pass
+        await request.conn.wait_peer_closed()
 
     async def pump() -> RpcError | None:
         fn: ServerStream = method.fn
@@ -406,7 +413,7 @@ async def _serve_server_stream(
 
     # The stream stops when the client leaves (the process it watches does not).
     pump_task = asyncio.ensure_future(pump())
-    gone_task = asyncio.ensure_future(request.conn.wait_peer_closed())
+    gone_task = asyncio.ensure_future(rest_then_peer_closed())
     try:
         await asyncio.wait({pump_task, gone_task}, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -94,7 +94,12 @@ class SandboxProxy:
             transport = httpx.AsyncHTTPTransport(
                 http1=True,
                 http2=False,
-                socket_options=[(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)],
+                socket_options=[
+                    (socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE),
+                    # httpcore writes headers and body separately: without this, Nagle holds the
+                    # body until the agent's delayed ACK (40 ms on every request).
+                    (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),
+                ],
                 limits=httpx.Limits(
                     max_connections=None, max_keepalive_connections=self._max_keepalive, keepalive_expiry=30
                 ),
