@@ -32,6 +32,19 @@ class Settings:
     """How long start-up keeps retrying a state dir held by another server (seed 001)."""
     shutdown_concurrency: int = 8
     """Sandboxes paused at once when the node stops (seed 000)."""
+    registry_mirrors: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Registry host -> mirror base URLs tried before it (``WARREN_REGISTRY_MIRRORS``:
+    ``docker.io=https://mirror.example,https://m2;ghcr.io=https://m3``)."""
+    insecure_registries: tuple[str, ...] = ()
+    """Registries reached over plain http besides loopback ones (``WARREN_INSECURE_REGISTRIES``, comma-separated)."""
+    registry_auth_file: Path | None = None
+    """A docker ``config.json`` with registry credentials (``WARREN_REGISTRY_AUTH``)."""
+    build_concurrency: int = 2
+    """Template builds that run at once; later ones wait (status ``waiting``)."""
+    build_step_timeout_s: float = 3600.0
+    """A RUN step still running after this long is killed and fails its build."""
+    start_ready_timeout_s: float = 30.0
+    """How long sandbox creation waits for a template's ready command to succeed."""
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -50,5 +63,21 @@ class Settings:
             env["lock_budget_s"] = float(budget)
         if conc := os.environ.get("WARREN_SHUTDOWN_CONCURRENCY"):
             env["shutdown_concurrency"] = int(conc)
+        if mirrors := os.environ.get("WARREN_REGISTRY_MIRRORS"):
+            env["registry_mirrors"] = parse_mirrors(mirrors)
+        if insecure := os.environ.get("WARREN_INSECURE_REGISTRIES"):
+            env["insecure_registries"] = tuple(h.strip() for h in insecure.split(",") if h.strip())
+        if auth := os.environ.get("WARREN_REGISTRY_AUTH"):
+            env["registry_auth_file"] = Path(auth)
         env.update({k: v for k, v in overrides.items() if v is not None})
         return cls(state_dir=state_dir, **env)  # type: ignore[arg-type]
+
+
+def parse_mirrors(text: str) -> dict[str, tuple[str, ...]]:
+    """``host=url,url;host2=url`` as ``{host: (url, ...)}``; malformed parts are ignored."""
+    out: dict[str, tuple[str, ...]] = {}
+    for part in text.split(";"):
+        host, sep, urls = part.partition("=")
+        if sep and host.strip():
+            out[host.strip()] = tuple(u.strip() for u in urls.split(",") if u.strip())
+    return out

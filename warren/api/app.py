@@ -12,7 +12,7 @@ from ..errors import WarrenError
 from .auth import key_matches
 from .errors import error_response, unhandled_error_handler, warren_error_handler
 from .proxy import SandboxProxy
-from .routes import node, runtimes, sandboxes, snapshots
+from .routes import images, node, runtimes, sandboxes, snapshots, templates
 from .services import Services
 
 
@@ -41,7 +41,9 @@ class _ApiKeyAuth:
 def create_app(services: Services, *, max_keepalive: int = 512) -> tuple[ASGIApp, SandboxProxy]:
     """The ASGI app of a node and its proxy (whose HTTP client the caller closes)."""
     router = Starlette(
-        routes=[*sandboxes.ROUTES, *snapshots.ROUTES, *runtimes.ROUTES, *node.ROUTES],
+        routes=[
+            *sandboxes.ROUTES, *snapshots.ROUTES, *runtimes.ROUTES, *templates.ROUTES, *images.ROUTES, *node.ROUTES
+        ],
         exception_handlers={
             WarrenError: warren_error_handler,
             HTTPException: _http_exception,

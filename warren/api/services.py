@@ -14,6 +14,7 @@ from ..orchestrator.manager import SandboxManager
 from ..runtime.registry import RuntimeRegistry
 from ..snapshots import SnapshotRepository
 from ..store import TemplateRecord, TemplateRepo
+from ..templates.build import BuildService
 
 
 @dataclass
@@ -28,6 +29,8 @@ class Services:
     snapshots: SnapshotRepository | None = None
     registry: RuntimeRegistry | None = None
     reload_runtimes: Callable[[], Awaitable[None]] | None = None
+    builds: BuildService | None = None
+    """Template builds, image pulls and template deletion (``warren.templates.build``)."""
     """Static node facts shown at /health (node name, agent bundle path)."""
 
 

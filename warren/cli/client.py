@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Iterator
 from types import TracebackType
-from typing import Any, Self
+from typing import IO, Any, Self
 
 import httpx
 
@@ -69,6 +72,33 @@ class ApiClient:
                 break
             params = {"nextToken": token}
         return items
+
+    def put_content(self, url: str, content: IO[bytes], headers: dict[str, str], *, timeout: float) -> None:
+        """PUT a file to an absolute URL the server handed out (an upload link), with its headers."""
+        size = os.fstat(content.fileno()).st_size
+        try:
+            response = self._http.put(url, content=content, headers={**headers, "Content-Length": str(size)},
+                                      timeout=timeout)  # fmt: skip
+        except httpx.HTTPError as exc:
+            raise CliError(f"uploading to {url} failed: {exc}") from exc
+        if response.is_error:
+            raise ApiError(response.status_code, error_message(response))
+
+    def stream_lines(self, path: str, body: dict[str, Any], *, timeout: float) -> Iterator[Any]:
+        """POST and yield the JSON objects of an NDJSON answer, line by line, as they arrive."""
+        try:
+            with self._http.stream("POST", path, json=body, timeout=httpx.Timeout(timeout, read=None)) as response:
+                if response.is_error:
+                    response.read()
+                    raise ApiError(response.status_code, error_message(response))
+                for line in response.iter_lines():
+                    if line.strip():
+                        try:
+                            yield json.loads(line)
+                        except ValueError as exc:
+                            raise CliError(f"POST {path}: the server sent a line that is not JSON") from exc
+        except httpx.HTTPError as exc:
+            raise CliError(f"cannot reach the warren server at {self.url}: {exc}") from exc
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """Send one request; return the decoded JSON body (None when empty)."""

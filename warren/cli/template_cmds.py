@@ -1,14 +1,19 @@
-"""Template commands: ``templates`` (list) and ``template import DIR --name NAME``."""
+"""Template commands: ``templates [ls|rm|inspect]`` and ``template import DIR --name NAME``.
+
+(``pull`` and ``build`` make templates too: ``warren.cli.build_cmds``.)
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import quote
 
 import typer
 
+from warren.cli.client import CliError
 from warren.cli.options import ApiKeyOption, JsonOption, UrlOption, api_client
-from warren.cli.output import Column, print_json, print_message, print_table, wants_json
+from warren.cli.output import Column, print_error, print_json, print_message, print_table, wants_json
 
 IMPORT_TIMEOUT_S = 1800.0
 """The server copies the whole rootfs before it answers; a large one on a slow disk takes minutes."""
@@ -24,16 +29,65 @@ LIST_COLUMNS: tuple[Column, ...] = (
 )
 
 template_app = typer.Typer(name="template", help="Manage templates.", no_args_is_help=True)
+templates_app = typer.Typer(
+    name="templates", help="List, inspect and remove templates (no subcommand: list).", invoke_without_command=True
+)
 
 
-def templates(url: UrlOption = None, api_key: ApiKeyOption = None, json_out: JsonOption = False) -> None:
-    """List templates."""
+def _list(url: str | None, api_key: str | None, json_out: bool) -> None:
     with api_client(url, api_key) as api:
         found = api.get("/templates") or []
     if wants_json(json_out):
         print_json(found)
     else:
         print_table(found, LIST_COLUMNS, empty="No templates.")
+
+
+@templates_app.callback()
+def templates(
+    ctx: typer.Context, url: UrlOption = None, api_key: ApiKeyOption = None, json_out: JsonOption = False
+) -> None:
+    """List templates (or run a subcommand)."""
+    if ctx.invoked_subcommand is None:
+        _list(url, api_key, json_out)
+
+
+@templates_app.command("ls")
+def ls(url: UrlOption = None, api_key: ApiKeyOption = None, json_out: JsonOption = False) -> None:
+    """List templates."""
+    _list(url, api_key, json_out)
+
+
+@templates_app.command("inspect")
+def inspect(
+    template: Annotated[str, typer.Argument(help="Template name or id.")],
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Show a template as JSON: layers, env, workdir, user, start command, how it was built."""
+    with api_client(url, api_key) as api:
+        print_json(api.get(f"/templates/{quote(template, safe='')}"))
+
+
+@templates_app.command("rm")
+def rm(
+    names: Annotated[list[str], typer.Argument(metavar="TEMPLATE...", help="Template names or ids.")],
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Delete templates (refused while a sandbox uses one); their unused layers are removed."""
+    failed = []
+    with api_client(url, api_key) as api:
+        for name in names:
+            try:
+                api.delete(f"/templates/{quote(name, safe='')}")
+            except CliError as exc:
+                print_error(f"{name}: {exc}")
+                failed.append(name)
+            else:
+                print_message("Removed template [bold]{}[/bold].", name)
+    if failed:
+        raise typer.Exit(1)
 
 
 @template_app.command("import")
@@ -59,5 +113,5 @@ def import_(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("templates")(templates)
+    app.add_typer(templates_app)
     app.add_typer(template_app)

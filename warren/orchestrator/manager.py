@@ -37,6 +37,7 @@ from .agent import init_agent, wait_healthy
 from .exits import ExitWatcher
 from .origin import Origin
 from .requests import CreateRequest, Lifecycle, ListQuery
+from .startcmd import run_start_command
 from .states import SandboxState, public_state, transition
 
 log = logging.getLogger(__name__)
@@ -258,6 +259,7 @@ class SandboxManager:
                 deadline = time.monotonic() + _AGENT_START_DEADLINE_S[kind]
                 await wait_healthy(handle.address, handle.agent_port, deadline)
                 await self._init(live, handle.address, handle.agent_port, previous_token=origin.agent_token)
+                await run_start_command(origin, handle, record.access_token, fresh=not source, settings=self._settings)
                 await self._set_state(live, SandboxState.RUNNING)
                 self._exits.watch(record.id, handle.init_pid)
         except BaseException:
@@ -555,6 +557,11 @@ class SandboxManager:
 
     def running_ids(self) -> builtins.list[str]:
         return [i for i, lv in self._live.items() if lv.state is SandboxState.RUNNING]
+
+    def known_ids(self) -> set[str]:
+        """Every sandbox id this node's store knows and keeps, in any state (after :meth:`recover`:
+        the re-adopted ones); anything else under the node's runtime markers is an orphan."""
+        return set(self._live)
 
     async def metrics(self, sandbox_id: str) -> tuple[SandboxStats, float]:
         """Current counters and CPU use in percent since the previous call (0 the first time)."""

@@ -58,6 +58,18 @@ _SCHEMA = (
     """,
 )
 
+_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("templates", "build", "TEXT NOT NULL DEFAULT '{}'"),
+)
+"""Columns added after a table was first created: (table, column, definition), applied when missing."""
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    for table, column, definition in _COLUMNS:
+        present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in present:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+
 
 class Database:
     """One SQLite file. ``close()`` is idempotent."""
@@ -72,6 +84,7 @@ class Database:
             self._conn.execute("PRAGMA foreign_keys=ON")
             for stmt in _SCHEMA:
                 self._conn.execute(stmt)
+            _migrate(self._conn)
         except sqlite3.Error as exc:
             raise HostError(f"cannot open the store at {path}: {exc}") from exc
         self._lock = threading.Lock()

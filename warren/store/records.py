@@ -41,3 +41,5 @@ class TemplateRecord:
     memory_mb: int
     disk_mb: int
     created_at: float
+    build: dict[str, Any] = field(default_factory=dict)
+    """How the template was made (``warren.templates.build``): build id, source, cache keys, own layers."""

@@ -12,7 +12,7 @@ from .records import SandboxRecord, TemplateRecord
 _SANDBOX_COLS = [f.name for f in dataclasses.fields(SandboxRecord)]
 _TEMPLATE_COLS = [f.name for f in dataclasses.fields(TemplateRecord)]
 _JSON_SANDBOX = {"metadata", "env_vars", "extra"}
-_JSON_TEMPLATE = {"layers", "env"}
+_JSON_TEMPLATE = {"layers", "env", "build"}
 
 
 def _sandbox(row: sqlite3.Row) -> SandboxRecord:

@@ -4,6 +4,15 @@ builtin.py   the template catalog and ``ensure_builtin_templates`` (cache_dir/te
 busybox.py   the ``busybox`` rootfs (static busybox, a bash shim, root and user)
 debian.py    the ``base`` rootfs (debootstrap bookworm minbase + bash, python3, CA bundle)
 importer.py  ``import_template``: a rootfs becomes a read-only layer under state_dir/layers/
+
+Template builds (imported by the node and the API, not re-exported here):
+build.py          ``BuildService``: the E2B template API engine, image pulls as templates, layer gc
+steps.py          build steps, pure: parsing, metadata, cache keys, the SDK's COPY files hash
+buildlog.py       a build's status and log as the SDK polls them
+uploads.py        COPY uploads, content-addressed by files hash
+agent_client.py   host-side guest agent client (processes, files) for builds and start commands
+guest_helper.py   stdlib script run inside build sandboxes (accounts, mkdir, COPY unpacking)
+dockerfile.py     a Dockerfile as a build request (the SDK's converter), for ``warren build``
 """
 
 from warren.templates.builtin import (

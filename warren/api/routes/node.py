@@ -1,4 +1,5 @@
-"""Node routes: health with runtime probe details, the OpenAPI document, templates."""
+"""Node routes: health with runtime probe details, the OpenAPI document, rootfs imports (template
+listing, builds and deletion are in ``templates.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ...errors import InvalidRequestError, NotFoundError
+from ...errors import InvalidRequestError
 from ..models import parse_json_object, template_body
 from ..openapi import OPENAPI
 from ..services import services
@@ -30,17 +31,6 @@ async def openapi(request: Request) -> Response:
     return JSONResponse(OPENAPI)
 
 
-async def list_templates(request: Request) -> Response:
-    return JSONResponse([template_body(t) for t in await services(request).templates.all()])
-
-
-async def get_template(request: Request) -> Response:
-    template = await services(request).templates.find(request.path_params["template_id"])
-    if template is None:
-        raise NotFoundError(f"template '{request.path_params['template_id']}' not found")
-    return JSONResponse(template_body(template))
-
-
 async def import_template(request: Request) -> Response:
     body = parse_json_object(await request.body(), allow_empty=False)
     path, name, runtime = body.get("path"), body.get("name"), body.get("runtime")
@@ -55,9 +45,6 @@ async def import_template(request: Request) -> Response:
 ROUTES = [
     Route("/health", health, methods=["GET"]),
     Route("/openapi.json", openapi, methods=["GET"]),
-    Route("/templates", list_templates, methods=["GET"]),
-    Route("/v2/templates", list_templates, methods=["GET"]),
-    Route("/templates/{template_id}", get_template, methods=["GET"]),
     Route("/warren/templates/import", import_template, methods=["POST"]),
 ]
 

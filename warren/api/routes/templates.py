@@ -1,0 +1,241 @@
+"""E2B template routes: build requests, context uploads, builds and their status, list/get/delete, aliases.
+
+The SDK's ``Template.build`` calls, in order: ``POST /v3/templates`` (202), for each COPY step
+``GET /templates/{id}/files/{hash}`` (201; when ``present`` is false it PUTs a tar of the files to
+the ``url`` we return, which points back at this node), ``POST /v2/templates/{id}/builds/{buildID}``
+(202), then ``GET /templates/{id}/builds/{buildID}/status`` until the build is ready or failed and
+no log entries are left. The engine is ``warren.templates.build.BuildService``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ...errors import InvalidRequestError, NotFoundError, UnavailableError
+from ...store import TemplateRecord
+from ...templates.build import Build, BuildService
+from ...templates.buildlog import rfc3339
+from ...templates.steps import parse_build_request
+from ..models import ENVD_VERSION, optional_int, parse_json_object
+from ..services import services
+
+UPLOAD_PATH = "/warren/uploads/{template_id}/{filesHash}"
+
+
+def _builds(request: Request) -> BuildService:
+    builds = services(request).builds
+    if builds is None:
+        raise UnavailableError("this node does not build templates")
+    return builds
+
+
+def build_id_of(rec: TemplateRecord) -> str:
+    """The template's current build id (imported templates get a stable one derived from their id)."""
+    value = rec.build.get("build_id")
+    return str(value) if value else str(uuid.uuid5(uuid.NAMESPACE_URL, f"warren:template:{rec.id}"))
+
+
+def template_body(rec: TemplateRecord) -> dict[str, Any]:
+    """The SDK's ``Template`` (list) shape plus warren's own fields."""
+    built = rec.build.get("built_at") or rec.created_at
+    return {
+        "templateID": rec.id,
+        "buildID": build_id_of(rec),
+        "names": [rec.name],
+        "aliases": [rec.name],
+        "public": False,
+        "cpuCount": rec.cpu_count,
+        "memoryMB": rec.memory_mb,
+        "diskSizeMB": rec.disk_mb,
+        "createdAt": rfc3339(rec.created_at),
+        "updatedAt": rfc3339(float(built)),
+        "createdBy": None,
+        "lastSpawnedAt": None,
+        "spawnCount": 0,
+        "buildCount": int(rec.build.get("build_count", 1)),
+        "buildStatus": "ready",
+        "envdVersion": ENVD_VERSION,
+        "runtime": rec.runtime,
+        "layers": list(rec.layers),
+        "env": rec.env,
+        "workdir": rec.workdir,
+        "user": rec.user,
+        "startCmd": rec.start_cmd,
+        "readyCmd": rec.ready_cmd,
+        "source": rec.build.get("source"),
+        "tags": rec.build.get("tags", []),
+    }
+
+
+def _build_body(b: Build) -> dict[str, Any]:
+    return {
+        "buildID": b.build_id,
+        "status": b.log.status.value,
+        "createdAt": rfc3339(b.created_at),
+        "updatedAt": rfc3339(b.finished_at or b.created_at),
+        "finishedAt": rfc3339(b.finished_at) if b.finished_at else None,
+        "cpuCount": b.cpu_count,
+        "memoryMB": b.memory_mb,
+        "envdVersion": ENVD_VERSION,
+    }
+
+
+def detail_body(rec: TemplateRecord, builds: list[Build]) -> dict[str, Any]:
+    """``TemplateWithBuilds``: the current build plus any this node still remembers."""
+    current = {
+        "buildID": build_id_of(rec),
+        "status": "ready",
+        "createdAt": rfc3339(float(rec.build.get("built_at") or rec.created_at)),
+        "updatedAt": rfc3339(float(rec.build.get("built_at") or rec.created_at)),
+        "cpuCount": rec.cpu_count,
+        "memoryMB": rec.memory_mb,
+        "diskSizeMB": rec.disk_mb,
+        "envdVersion": ENVD_VERSION,
+    }
+    others = [_build_body(b) for b in builds if b.build_id != current["buildID"]]
+    return {**template_body(rec), "builds": [current, *others], "build": rec.build}
+
+
+async def request_build(request: Request) -> Response:
+    """``POST /v3/templates`` (202): ``name`` (or the older ``alias``), ``cpuCount``, ``memoryMB``, ``tags``.
+
+    warren extension: ``runtime`` (``runc``/``gvisor``) for the template's sandboxes.
+    """
+    body = parse_json_object(await request.body(), allow_empty=False)
+    name = body.get("name") or body.get("alias")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError("name is required")
+    tags = body.get("tags") or []
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise InvalidRequestError("tags must be a list of strings")
+    runtime = body.get("runtime")
+    if runtime is not None and not isinstance(runtime, str):
+        raise InvalidRequestError("runtime must be a string")
+    build = await _builds(request).request(
+        name,
+        cpu_count=optional_int(body, "cpuCount"),
+        memory_mb=optional_int(body, "memoryMB"),
+        tags=tags,
+        runtime=runtime,
+    )
+    return JSONResponse(
+        {
+            "templateID": build.template_id,
+            "buildID": build.build_id,
+            "public": False,
+            "names": [name],
+            "tags": list(build.tags),
+            "aliases": [name],
+        },
+        status_code=202,
+    )
+
+
+async def files_link(request: Request) -> Response:
+    """``GET /templates/{id}/files/{hash}`` (201): ``{present, url, headers}``; the SDK PUTs the tar to ``url``."""
+    template_id, files_hash = request.path_params["template_id"], request.path_params["filesHash"]
+    present = await _builds(request).files_present(template_id, files_hash)
+    url = str(request.base_url).rstrip("/") + UPLOAD_PATH.format(template_id=template_id, filesHash=files_hash)
+    body: dict[str, Any] = {"present": present, "url": url}
+    # The SDK uploads with a plain HTTP client that has no API key of its own: hand back the caller's.
+    if key := request.headers.get("x-api-key"):
+        body["headers"] = {"X-API-Key": key}
+    return JSONResponse(body, status_code=201)
+
+
+async def upload_files(request: Request) -> Response:
+    """``PUT /warren/uploads/{id}/{hash}`` (201): the tar of one COPY step, stored under its files hash."""
+    size = await _builds(request).receive_upload(
+        request.path_params["template_id"], request.path_params["filesHash"], request.stream()
+    )
+    return JSONResponse({"filesHash": request.path_params["filesHash"], "size": size}, status_code=201)
+
+
+async def start_build(request: Request) -> Response:
+    """``POST /v2/templates/{id}/builds/{buildID}`` (202): ``fromImage``/``fromTemplate``, ``steps``, ``force``,
+    ``startCmd``, ``readyCmd``. The build runs in the background; its errors appear in its status."""
+    body = parse_json_object(await request.body(), allow_empty=False)
+    req = parse_build_request(body)
+    _builds(request).start(request.path_params["template_id"], request.path_params["buildID"], req)
+    return Response(status_code=202)
+
+
+async def build_status(request: Request) -> Response:
+    """``GET /templates/{id}/builds/{buildID}/status?logsOffset=N&limit=L``: status and log entries from N."""
+    params = request.query_params
+    offset = _query_int(params.get("logsOffset"), "logsOffset", 0)
+    limit = _query_int(params.get("limit"), "limit", None)
+    template_id, build_id = request.path_params["template_id"], request.path_params["buildID"]
+    buildlog = await _builds(request).status(template_id, build_id)
+    return JSONResponse(buildlog.body(template_id, build_id, offset or 0, limit))
+
+
+def _query_int(raw: str | None, name: str, default: int | None) -> int | None:
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidRequestError(f"{name} must be an integer") from None
+    if value < 0:
+        raise InvalidRequestError(f"{name} must not be negative")
+    return value
+
+
+async def list_templates(request: Request) -> Response:
+    return JSONResponse([template_body(t) for t in await services(request).templates.all()])
+
+
+async def get_template(request: Request) -> Response:
+    svc = services(request)
+    template = await svc.templates.find(request.path_params["template_id"])
+    if template is None:
+        raise NotFoundError(f"template '{request.path_params['template_id']}' not found")
+    builds = svc.builds.builds_of(template.id) if svc.builds is not None else []
+    return JSONResponse(detail_body(template, builds))
+
+
+async def delete_template(request: Request) -> Response:
+    """``DELETE /templates/{id}`` (204): remove a template and the layers only it used.
+
+    **Refused with 409 while a sandbox uses the template** (running or paused, created from it) or
+    a build runs on it; kill those sandboxes first. Layers that sandboxes, snapshots or other
+    templates still use are kept. The SDK's ``Sandbox.delete_snapshot`` calls this route with a
+    snapshot id: a name that is no template but a snapshot deletes the snapshot. 404 otherwise.
+    """
+    svc = services(request)
+    target = request.path_params["template_id"]
+    if await svc.templates.find(target) is None and svc.snapshots is not None:
+        manifest = svc.snapshots.find(target)
+        if manifest is not None:
+            await svc.snapshots.delete(manifest.snapshot_id)
+            return Response(status_code=204)
+    await _builds(request).delete(target)
+    return Response(status_code=204)
+
+
+async def alias(request: Request) -> Response:
+    """``GET /templates/aliases/{alias}``: 200 ``{templateID, public}`` when a template has that name, else 404."""
+    template = await services(request).templates.find(request.path_params["alias"])
+    if template is None or template.name != request.path_params["alias"]:
+        raise NotFoundError(f"no template named '{request.path_params['alias']}'")
+    return JSONResponse({"templateID": template.id, "public": False})
+
+
+ROUTES = [
+    Route("/v3/templates", request_build, methods=["POST"]),
+    Route("/templates/aliases/{alias}", alias, methods=["GET"]),
+    Route("/templates/{template_id}/files/{filesHash}", files_link, methods=["GET"]),
+    Route(UPLOAD_PATH, upload_files, methods=["PUT"]),
+    Route("/v2/templates/{template_id}/builds/{buildID}", start_build, methods=["POST"]),
+    Route("/templates/{template_id}/builds/{buildID}/status", build_status, methods=["GET"]),
+    Route("/templates", list_templates, methods=["GET"]),
+    Route("/v2/templates", list_templates, methods=["GET"]),
+    Route("/templates/{template_id}", get_template, methods=["GET"]),
+    Route("/templates/{template_id}", delete_template, methods=["DELETE"]),
+]
