@@ -6,6 +6,7 @@ set -uo pipefail
 
 cd "$(dirname "$0")/.."
 VENV=$PWD/.venv
+export PATH="$VENV/bin:$PATH"  # tools installed in the venv (hadolint, shellcheck) are found by tests
 
 log() { printf '\n==> %s\n' "$*" >&2; }
 
