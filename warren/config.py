@@ -28,6 +28,8 @@ class Settings:
     default_runtime: str = "runc"
     runtimes_file: Path | None = None
     """JSON runtime configs (seed 003); None: one config per local binary (runc, runsc)."""
+    warm_pool_size: int = 2
+    """Sandboxes kept started per template once it has been used (0: no warm pool)."""
     lock_budget_s: float = 120.0
     """How long start-up keeps retrying a state dir held by another server (seed 001)."""
     shutdown_concurrency: int = 8
@@ -59,6 +61,8 @@ class Settings:
             env["runsc_path"] = Path(runsc)
         if runtimes := os.environ.get("WARREN_RUNTIMES"):
             env["runtimes_file"] = Path(runtimes)
+        if pool := os.environ.get("WARREN_WARM_POOL"):
+            env["warm_pool_size"] = int(pool)
         if budget := os.environ.get("WARREN_LOCK_BUDGET_S"):
             env["lock_budget_s"] = float(budget)
         if conc := os.environ.get("WARREN_SHUTDOWN_CONCURRENCY"):

@@ -222,6 +222,7 @@ async def _serve_locked(
                 timers = group.create_task(manager.run_timers(), name="ttl-timers")
                 reaper = group.create_task(manager.run_reaper(), name="exit-reaper")
                 prewarm = group.create_task(node_runtimes.registry.prewarmer.run(), name="runtime-prewarm")
+                pool = group.create_task(manager.pool.run(), name="warm-pool")
                 while not server.started:
                     if stop.is_set() or server.should_exit:
                         break
@@ -239,6 +240,7 @@ async def _serve_locked(
                 timers.cancel()
                 reaper.cancel()
                 prewarm.cancel()
+                pool.cancel()  # its finally stops the pooled sandboxes
                 await builds.aclose()
         finally:
             await proxy.aclose()

@@ -32,6 +32,8 @@ class Node:
     runsc: Path | None = None
     cache_dir: Path = DEFAULT_CACHE
     proc: subprocess.Popen[bytes] | None = None
+    extra_env: dict[str, str] = field(default_factory=lambda: {"WARREN_WARM_POOL": "0"})
+    """The warm pool is off by default: most tests count or leak-check sandboxes."""
     log_path: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -57,7 +59,7 @@ class Node:
         ]  # fmt: skip
         if self.runsc is not None:
             argv += ["--runsc", str(self.runsc)]
-        env = {**os.environ, "WARREN_API_KEY": self.api_key, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "WARREN_API_KEY": self.api_key, "PYTHONUNBUFFERED": "1", **self.extra_env}
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
@@ -95,8 +97,14 @@ class Node:
 
 
 @contextlib.contextmanager
-def running_node(state_dir: Path, runsc: Path | None = None) -> Iterator[Node]:
-    node = Node(state_dir=state_dir, port=free_port(), api_key="wrn_test_" + os.urandom(8).hex(), runsc=runsc)
+def running_node(
+    state_dir: Path, runsc: Path | None = None, extra_env: dict[str, str] | None = None
+) -> Iterator[Node]:
+    """A started node; the warm pool is off unless ``extra_env`` says otherwise (tests count sandboxes)."""
+    env = {"WARREN_WARM_POOL": "0", **(extra_env or {})}
+    node = Node(
+        state_dir=state_dir, port=free_port(), api_key="wrn_test_" + os.urandom(8).hex(), runsc=runsc, extra_env=env
+    )
     node.start()
     try:
         yield node

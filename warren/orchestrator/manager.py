@@ -36,6 +36,7 @@ from ..store import SandboxRecord, SandboxRepo, TemplateRepo
 from .agent import init_agent, wait_healthy
 from .exits import ExitWatcher
 from .origin import Origin
+from .pool import Pooled, WarmPool
 from .requests import CreateRequest, Lifecycle, ListQuery
 from .startcmd import run_start_command
 from .states import SandboxState, public_state, transition
@@ -82,6 +83,7 @@ class SandboxManager:
         self._runtimes = runtimes
         self._snapshots = snapshots
         self._registry = registry
+        self.pool = WarmPool(self._pool_start, self._pool_stop, default_size=settings.warm_pool_size)
         self._clock = clock
         self._live: dict[str, _Live] = {}
         self._ttl_changed = asyncio.Event()
@@ -214,17 +216,24 @@ class SandboxManager:
         allow_internet: bool,
         lifecycle: Lifecycle | None = None,
         snapshot_dir: Path | None = None,
+        use_pool: bool = True,
     ) -> SandboxRecord:
-        """Start one sandbox from ``origin`` (or ``snapshot_dir``, for forks) and hand it its /init."""
+        """Start one sandbox from ``origin`` (or ``snapshot_dir``, for forks) and hand it its /init.
+
+        A template create claims a warm-pool sandbox when one is ready (then it is only /init'ed);
+        if that sandbox turns out dead, the create starts a fresh one instead.
+        """
         kind = self._runtime_kind(runtime_name or origin.runtime)
-        if (origin.snapshot_dir or snapshot_dir) is not None and kind.value != origin.runtime:
+        source = snapshot_dir or origin.snapshot_dir
+        if source is not None and kind.value != origin.runtime:
             raise InvalidRequestError(f"a {origin.runtime} snapshot cannot start under {kind.value}")
         runtime = self._available_runtime(kind)
-        staged = await self._stage(origin.runtime_hash if origin.snapshot_dir or snapshot_dir else None, kind)
+        pooled = self.pool.claim(origin, kind) if use_pool and source is None and allow_internet else None
+        staged = pooled.staged if pooled else await self._stage(origin.runtime_hash if source else None, kind)
         timeout = self._timeout(timeout_s)
         now = self._clock()
         record = SandboxRecord(
-            id=new_sandbox_id(),
+            id=pooled.sandbox_id if pooled else new_sandbox_id(),
             template_id=origin.template_id,
             alias=origin.alias,
             runtime=kind.value,
@@ -247,26 +256,67 @@ class SandboxManager:
         )
         live = _Live(record)
         self._live[record.id] = live
-        source = snapshot_dir or origin.snapshot_dir
         try:
             async with live.lock:
                 await self._sandboxes.put(record)
-                spec = self._spec(record, staged)
-                handle = await (runtime.restore(spec, source) if source is not None else runtime.start(spec))
+                if pooled is not None:
+                    handle = pooled.handle
+                else:
+                    spec = self._spec(record, staged)
+                    handle = await (runtime.restore(spec, source) if source is not None else runtime.start(spec))
                 live.record = dataclasses.replace(
                     live.record, address=handle.address, extra={**live.record.extra, "init_pid": handle.init_pid}
                 )
-                deadline = time.monotonic() + _AGENT_START_DEADLINE_S[kind]
+                deadline = time.monotonic() + (2.0 if pooled else _AGENT_START_DEADLINE_S[kind])
                 await wait_healthy(handle.address, handle.agent_port, deadline)
                 await self._init(live, handle.address, handle.agent_port, previous_token=origin.agent_token)
                 await run_start_command(origin, handle, record.access_token, fresh=not source, settings=self._settings)
                 await self._set_state(live, SandboxState.RUNNING)
                 self._exits.watch(record.id, handle.init_pid)
+        except RuntimeFailure:
+            await asyncio.shield(self._discard(live))
+            if pooled is None:
+                raise
+            log.warning("warm-pool sandbox %s was not usable; starting a fresh one", record.id)
+            return await self._launch(
+                origin,
+                runtime_name=runtime_name,
+                timeout_s=timeout_s,
+                metadata=metadata,
+                env_vars=env_vars,
+                secure=secure,
+                allow_internet=allow_internet,
+                lifecycle=lifecycle,
+                use_pool=False,
+            )
         except BaseException:
             await asyncio.shield(self._discard(live))
             raise
         self._ttl_changed.set()
         return live.record
+
+    async def _pool_start(self, origin: Origin, kind: RuntimeKind) -> Pooled:
+        """A sandbox for the warm pool: started and answering, not /init'ed, not in the store."""
+        staged = await self._stage(None, kind)
+        sandbox_id = new_sandbox_id()
+        spec = SandboxSpec(
+            sandbox_id=sandbox_id,
+            runtime=kind,
+            layers=tuple(Path(p) for p in origin.layers),
+            resources=Resources(cpu_count=origin.cpu_count, memory_mb=origin.memory_mb, disk_mb=origin.disk_mb),
+            runtime_binary=staged.binary if staged else None,
+        )
+        runtime = self._available_runtime(kind)
+        handle = await runtime.start(spec)
+        try:
+            await wait_healthy(handle.address, handle.agent_port, time.monotonic() + _AGENT_START_DEADLINE_S[kind])
+        except BaseException:
+            await asyncio.shield(runtime.stop(sandbox_id))
+            raise
+        return Pooled(sandbox_id, kind, handle, staged)
+
+    async def _pool_stop(self, pooled: Pooled) -> None:
+        await self._runtimes[pooled.kind].stop(pooled.sandbox_id)
 
     async def _init(self, live: _Live, address: str, port: int, *, previous_token: str | None) -> None:
         extra = live.record.extra

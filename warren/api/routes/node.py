@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ...errors import InvalidRequestError
+from ...errors import InvalidRequestError, NotFoundError
 from ..models import parse_json_object, template_body
 from ..openapi import OPENAPI
 from ..services import services
@@ -23,6 +23,7 @@ async def health(request: Request) -> Response:
             **svc.info,
             "sandboxes": svc.manager.count(),
             "runtimes": dict(svc.probes()),
+            "warmPool": svc.manager.pool.stats(),
         }
     )
 
@@ -42,7 +43,23 @@ async def import_template(request: Request) -> Response:
     return JSONResponse(template_body(record), status_code=201)
 
 
+async def set_pool_size(request: Request) -> Response:
+    """Per-template warm-pool size (0 disables); the template joins the pool at once."""
+    svc = services(request)
+    body = parse_json_object(await request.body(), allow_empty=False)
+    size = body.get("size")
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= 64:
+        raise InvalidRequestError("size must be an integer from 0 to 64")
+    template = await svc.templates.find(request.path_params["template_id"])
+    if template is None:
+        raise NotFoundError(f"template '{request.path_params['template_id']}' not found")
+    svc.manager.pool.set_size(template.id, size)
+    svc.manager.pool.want(template)
+    return JSONResponse({"templateID": template.id, "size": size})
+
+
 ROUTES = [
+    Route("/warren/templates/{template_id}/pool", set_pool_size, methods=["POST"]),
     Route("/health", health, methods=["GET"]),
     Route("/openapi.json", openapi, methods=["GET"]),
     Route("/warren/templates/import", import_template, methods=["POST"]),

@@ -1,0 +1,139 @@
+"""Warm pool: per template, N sandboxes already started, so a create is claim + ``/init``.
+
+A template joins the pool on its first create (no memory is spent on templates nobody uses).
+Pool sandboxes are never in the store: a node that dies leaves them to the orphan reaper. A claimed
+sandbox is reseeded by its ``/init`` (new token, env vars and user), like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from ..errors import WarrenError
+from ..runtime.base import RuntimeKind, SandboxHandle
+from ..runtime.registry import StagedRuntime
+from ..store import TemplateRecord
+from .origin import Origin
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Pooled:
+    sandbox_id: str
+    kind: RuntimeKind
+    handle: SandboxHandle
+    staged: StagedRuntime | None
+
+
+@dataclass
+class _Shelf:
+    origin: Origin
+    kind: RuntimeKind
+    ready: list[Pooled] = field(default_factory=list)
+    target: int = 0
+    hits: int = 0
+    misses: int = 0
+    failures: int = 0
+
+
+MAX_FAILURES = 3
+"""Consecutive start failures after which a template's shelf stops refilling (a broken template)."""
+
+Starter = Callable[[Origin, RuntimeKind], Awaitable[Pooled]]
+Stopper = Callable[[Pooled], Awaitable[None]]
+
+
+class WarmPool:
+    def __init__(self, start: Starter, stop: Stopper, *, default_size: int) -> None:
+        self._start = start
+        self._stop = stop
+        self.default_size = default_size
+        self._shelves: dict[tuple[str, RuntimeKind], _Shelf] = {}
+        self._sizes: dict[str, int] = {}
+        self._wake = asyncio.Event()
+        self._closed = False
+
+    def set_size(self, template_id: str, size: int) -> None:
+        """Per-template pool size (0 disables it for that template)."""
+        self._sizes[template_id] = size
+        for (tid, _), shelf in self._shelves.items():
+            if tid == template_id:
+                shelf.target = size
+        self._wake.set()
+
+    def want(self, template: TemplateRecord) -> None:
+        """Make a template's shelf exist now (instead of at its first create)."""
+        origin = Origin.of_template(template)
+        key = (origin.template_id, RuntimeKind(origin.runtime))
+        if key not in self._shelves:
+            self._shelves[key] = _Shelf(origin, key[1], target=self._sizes.get(origin.template_id, self.default_size))
+        self._wake.set()
+
+    def claim(self, origin: Origin, kind: RuntimeKind) -> Pooled | None:
+        """A ready sandbox for this template, or None (and the template now has a pool to refill)."""
+        if self._closed or origin.snapshot_dir is not None:
+            return None
+        key = (origin.template_id, kind)
+        shelf = self._shelves.get(key)
+        if shelf is None:
+            shelf = _Shelf(origin, kind, target=self._sizes.get(origin.template_id, self.default_size))
+            self._shelves[key] = shelf
+        self._wake.set()
+        if shelf.ready:
+            shelf.hits += 1
+            return shelf.ready.pop(0)
+        shelf.misses += 1
+        return None
+
+    def forget(self, template_id: str) -> None:
+        """A template was deleted or replaced: stop refilling its shelves (drain() stops what is ready)."""
+        for key in [k for k in self._shelves if k[0] == template_id]:
+            self._shelves[key].target = 0
+        self._wake.set()
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        return {
+            f"{tid}/{kind.value}": {"ready": len(s.ready), "target": s.target, "hits": s.hits, "misses": s.misses}
+            for (tid, kind), s in self._shelves.items()
+        }
+
+    async def run(self) -> None:
+        """Refill shelves one sandbox at a time, for the node's lifetime; trims shelves over target."""
+        try:
+            while True:
+                self._wake.clear()
+                for shelf in list(self._shelves.values()):
+                    while len(shelf.ready) > shelf.target:
+                        await self._stop_quietly(shelf.ready.pop())
+                    if len(shelf.ready) < shelf.target and not self._closed:
+                        try:
+                            shelf.ready.append(await self._start(shelf.origin, shelf.kind))
+                            shelf.failures = 0
+                        except WarrenError as exc:
+                            shelf.failures += 1
+                            log.warning("warm pool for %s: start failed: %s", shelf.origin.template_id, exc)
+                            if shelf.failures >= MAX_FAILURES:
+                                log.error("warm pool for %s: giving up after %d failures", shelf.origin.template_id,
+                                          shelf.failures)  # fmt: skip
+                                shelf.target = 0
+                            await asyncio.sleep(1.0)
+                        self._wake.set()
+                await self._wake.wait()
+        finally:
+            await asyncio.shield(self.drain())
+
+    async def drain(self) -> None:
+        """Stop every ready sandbox (node shutdown). Idempotent."""
+        self._closed = True
+        for shelf in self._shelves.values():
+            while shelf.ready:
+                await self._stop_quietly(shelf.ready.pop())
+
+    async def _stop_quietly(self, pooled: Pooled) -> None:
+        with contextlib.suppress(WarrenError):
+            await self._stop(pooled)
