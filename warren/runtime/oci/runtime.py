@@ -16,87 +16,71 @@ Pausing: ``PauseMode.MEMORY`` is the freezer on runc (same address after resume)
 failed checkpoint destroys the sandbox, guest-agent-notes B3). ``PauseMode.FILESYSTEM`` ends every
 process and keeps the upper dir; resume starts the agent afresh. The on-disk layout is described in
 :mod:`warren.runtime.oci.layout`.
+
+Snapshots (:meth:`OciRuntime.snapshot`, :meth:`OciRuntime.restore`; format in
+:mod:`warren.runtime.oci.snapshots`): runc freezes the sandbox, copies its upper dir and thaws it (files
+only: CRIU is not usable here). A running gVisor sandbox is checkpointed into the snapshot, its upper dir
+copied, and then restored from that image into a fresh netns, so it keeps running at a new address
+(``SnapshotContents.source``). A paused sandbox is copied as it is. A restore makes a new sandbox on a copy
+of the snapshot's upper dir; with a memory image its processes continue where they were.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import weakref
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from warren.errors import (
-    ConflictError,
     InvalidRequestError,
     InvalidStateError,
     NotFoundError,
     RuntimeFailure,
-    UnavailableError,
 )
-from warren.runtime.agent_bundle import AGENT_ARGV, agent_environment
-from warren.runtime.base import AGENT_PORT, PauseMode, RuntimeKind, SandboxHandle, SandboxSpec, SandboxStats
-from warren.runtime.cgroups import CgroupHierarchies
-from warren.runtime.net.manager import NetworkManager
+from warren.runtime.base import (
+    AGENT_PORT,
+    PauseMode,
+    RuntimeKind,
+    SandboxHandle,
+    SandboxSpec,
+    SandboxStats,
+    SnapshotContents,
+)
 from warren.runtime.net.netns import delete_netns
-from warren.runtime.oci.cli import CLI_TIMEOUT, RuntimeCli
+from warren.runtime.oci.backend import OciBackendBase
+from warren.runtime.oci.cli import CLI_TIMEOUT
 from warren.runtime.oci.command import run_command
-from warren.runtime.oci.layout import SandboxPaths, SandboxRecord, validate_sandbox_id, write_etc_files
-from warren.runtime.oci.spec import ConfigInputs, build_config
+from warren.runtime.oci.layout import SandboxPaths, SandboxRecord, validate_sandbox_id
+from warren.runtime.oci.snapshots import (
+    CHECKPOINT,
+    UPPER,
+    check_empty_dir,
+    clear_dir,
+    copy_tree,
+    new_meta,
+    open_snapshot,
+)
 from warren.runtime.oci.steps import as_runtime_failure, load_record, read_pid, remove_tree, undo_step
-from warren.runtime.probe import agent_process_limits, probe_runc, probe_runsc
-from warren.runtime.rootfs import directory_usage, is_mountpoint, mount_overlay, unmount
+from warren.runtime.probe import probe_runc, probe_runsc
+from warren.runtime.rootfs import directory_usage
 
 __all__ = ["OciRuntime"]
 
 _log = logging.getLogger(__name__)
 
-RUN_TIMEOUT = {RuntimeKind.RUNC: 30.0, RuntimeKind.GVISOR: 60.0}
-"""Seconds for ``run -d`` / ``restore``: runc takes ~40 ms, runsc ~150 ms; the margin is for a loaded host."""
 CHECKPOINT_TIMEOUT = 120.0
 """gVisor writes the whole sandbox memory; ~0.1 s for an idle agent, longer for GBs of guest memory."""
-
-RUNSC_HOST_TASKS = 256
-"""Extra host tasks allowed in a gVisor sandbox's pids cgroup: the sentry, gofer and Go runtime threads
-(about 75 when idle). Guest processes cost about one host task each under ptrace."""
 
 MIB = 1024 * 1024
 
 
-class OciRuntime:
+class OciRuntime(OciBackendBase):
     """Sandboxes under runc (``kind=RUNC``) or runsc (``kind=GVISOR``); see the module docstring."""
-
-    def __init__(
-        self,
-        kind: RuntimeKind,
-        binary: Path,
-        state_dir: Path,
-        agent_bundle: Path,
-        network: NetworkManager,
-        *,
-        cgroup_parent: str = "warren",
-        platform: str = "ptrace",
-        cgroups: CgroupHierarchies | None = None,
-    ) -> None:
-        self.kind = kind
-        self.binary = binary
-        self.state_dir = state_dir.absolute()
-        self.agent_bundle = agent_bundle.absolute()
-        self.cgroup_parent = cgroup_parent.strip("/")
-        self.platform = platform
-        self._network = network
-        self._cgroups = cgroups or CgroupHierarchies.detect()
-        self._root = self.state_dir / "runtime" / ("runc" if kind is RuntimeKind.RUNC else "runsc")
-        self._cli = RuntimeCli(kind, binary, self._root, platform)
-        self._sandboxes = self.state_dir / "sandboxes"
-        self._probe: dict[str, Any] | None = None
-        self._records: dict[str, SandboxRecord] = {}
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
-        self._oom_score_adj, self._nofile = agent_process_limits()
 
     # ------------------------------------------------------------------ the backend itself
 
@@ -141,15 +125,6 @@ class OciRuntime:
             ids.append(record.sandbox_id)
         return ids
 
-    def cli_argv(self, *args: str | Path) -> list[str | Path]:
-        """The runtime CLI with this backend's global flags (``--root`` ...), e.g. for ``exec`` or
-        ``checkpoint``: ``await run_command(rt.cli_argv("exec", sid, "true"), timeout=10)``."""
-        return self._cli.argv(*args)
-
-    def sandbox_paths(self, sandbox_id: str) -> SandboxPaths:
-        validate_sandbox_id(sandbox_id)
-        return SandboxPaths(self._sandboxes / sandbox_id)
-
     # ------------------------------------------------------------------ Runtime protocol
 
     async def start(self, spec: SandboxSpec) -> SandboxHandle:
@@ -158,24 +133,9 @@ class OciRuntime:
         Raises ``InvalidRequestError`` (bad id / wrong kind), ``UnavailableError`` (the probe failed),
         ``ConflictError`` (the id exists), or ``RuntimeFailure`` after removing everything it made.
         """
-        validate_sandbox_id(spec.sandbox_id)
-        if spec.runtime is not self.kind:
-            raise InvalidRequestError(f"this backend runs {self.kind} sandboxes, not {spec.runtime}")
-        if self._probe is not None and not self._probe.get("available"):
-            raise UnavailableError(str(self._probe.get("reason") or f"{self.kind} is not available"))
-        paths = self.sandbox_paths(spec.sandbox_id)
+        self._check_spec(spec)
         async with self._lock(spec.sandbox_id), as_runtime_failure(f"starting sandbox {spec.sandbox_id}"):
-            async with contextlib.AsyncExitStack() as undo:
-                try:
-                    paths.root.mkdir()
-                except FileExistsError as exc:
-                    raise ConflictError(f"sandbox {spec.sandbox_id} already exists on this node") from exc
-                undo.push_async_callback(undo_step, "files", self._remove_dir, paths.root)
-                for d in (paths.upper, paths.work, paths.rootfs):
-                    d.mkdir(parents=True)
-                handle = await self._launch(spec, paths, undo, restore=None)
-                undo.pop_all()
-            return handle
+            return await self._create(spec, upper_from=None, image=None)
 
     async def stop(self, sandbox_id: str) -> None:
         """Kill the container and remove everything the sandbox owns. Idempotent.
@@ -300,98 +260,123 @@ class OciRuntime:
                 await asyncio.to_thread(remove_tree, restore)
             return handle
 
+    async def locate(self, sandbox_id: str) -> SandboxHandle | None:
+        """The handle of a running sandbox as it is now (a gVisor snapshot moves it to a new address and
+        init pid); None when it is unknown, paused or not running."""
+        try:
+            paths = self.sandbox_paths(sandbox_id)
+        except InvalidRequestError:
+            return None
+        record = self._record(sandbox_id)
+        if record is None or record.network is None or record.paused is not None:
+            return None
+        if await self._cli.state(sandbox_id) != "running":
+            return None
+        return self._handle(record, paths)
+
+    async def snapshot(self, sandbox_id: str, dest: Path) -> SnapshotContents:
+        """Fill the empty directory ``dest`` with ``upper/``, ``meta.json`` and, for gVisor with memory,
+        ``checkpoint/``; the source keeps its state (see the module docstring for how).
+
+        A running gVisor source must have no established TCP connection (B3); a checkpoint that fails
+        kills it, and then, as when its restore fails, its container, network and mount are removed and
+        ``RuntimeFailure`` is raised (``state()`` is None; ``stop()`` removes the rest). On any failure
+        ``dest`` is left empty. ``NotFoundError`` for an unknown sandbox, ``InvalidRequestError`` for a
+        ``dest`` that is not an empty directory.
+        """
+        paths = self.sandbox_paths(sandbox_id)
+        dest = check_empty_dir(dest)
+        async with self._lock(sandbox_id), as_runtime_failure(f"snapshotting sandbox {sandbox_id}"):
+            record = self._record(sandbox_id)
+            if record is None:
+                raise NotFoundError(f"no sandbox {sandbox_id} on this node")
+            started = time.monotonic()
+            try:
+                memory, source = await self._snapshot_locked(record, paths, dest)
+                new_meta(
+                    kind=self.kind, memory=memory, platform=self.platform if self.kind is RuntimeKind.GVISOR else None,
+                    binary=self.binary, version=self.probe().get("version"), agent_bundle=self.agent_bundle,
+                    resources=record.resources, source_id=sandbox_id,
+                    source_state="paused" if record.paused is not None else "running",
+                ).write(dest)
+                size = await asyncio.to_thread(directory_usage, dest)
+            except BaseException:
+                await asyncio.shield(asyncio.to_thread(clear_dir, dest))
+                raise
+            _log.info("snapshot of %s (memory=%s, %d bytes) took %.0f ms",
+                      sandbox_id, memory, size, (time.monotonic() - started) * 1000)
+            return SnapshotContents(memory=memory, runtime=self.kind, bytes=size, source=source)
+
+    async def restore(self, spec: SandboxSpec, snapshot: Path) -> SandboxHandle:
+        """Start sandbox ``spec.sandbox_id`` from a snapshot dir: a fresh netns and slot, an overlay of
+        ``spec.layers`` under a copy of ``snapshot/upper``, and ``runsc restore`` of ``snapshot/checkpoint``
+        or, without one, a normal start of the agent. The snapshot is only read, so any number of restores
+        of it may run at once.
+
+        Raises what :meth:`start` raises; ``RuntimeFailure`` (after removing everything it made) also for
+        a snapshot without ``upper/`` or with a memory image runsc cannot restore, ``InvalidRequestError``
+        for a memory image from another runtime, runsc platform or agent bundle.
+        """
+        self._check_spec(spec)
+        source = open_snapshot(snapshot, kind=self.kind, platform=self.platform, agent_bundle=self.agent_bundle)
+        async with self._lock(spec.sandbox_id), as_runtime_failure(f"restoring sandbox {spec.sandbox_id}"):
+            return await self._create(spec, upper_from=source.upper, image=source.image)
+
     # ------------------------------------------------------------------ internals
 
-    def _freezes(self, mode: PauseMode) -> bool:
-        """Whether ``mode`` keeps the container (runc's freezer) rather than removing it."""
-        return mode is PauseMode.MEMORY and self.kind is RuntimeKind.RUNC
-
-    def _lock(self, sandbox_id: str) -> asyncio.Lock:
-        lock = self._locks.get(sandbox_id)
-        if lock is None:
-            lock = self._locks[sandbox_id] = asyncio.Lock()
-        return lock
-
-    def _cgroup_rel(self, sandbox_id: str) -> str:
-        return f"{self.cgroup_parent}/{sandbox_id}"
-
-    def _record(self, sandbox_id: str) -> SandboxRecord | None:
-        """This backend's record of the sandbox (memory, else disk); None if unknown or the other kind's."""
-        record = self._records.get(sandbox_id) or load_record(self.sandbox_paths(sandbox_id))
-        return record if record is not None and record.kind is self.kind else None
-
-    def _save(self, paths: SandboxPaths, record: SandboxRecord) -> None:
-        record.save(paths.record)
-        self._records[record.sandbox_id] = record
-
-    async def _save_async(self, paths: SandboxPaths, record: SandboxRecord) -> None:
-        self._save(paths, record)
-
-    async def _launch(self, spec: SandboxSpec, paths: SandboxPaths, undo: contextlib.AsyncExitStack,
-                      *, restore: Path | None) -> SandboxHandle:
-        """Network, overlay (unless mounted), bundle, then ``run`` or ``restore``; undo steps go on ``undo``."""
-        sid = spec.sandbox_id
-        net = await self._network.create(sid, allow_internet=spec.allow_internet)
-        undo.push_async_callback(undo_step, "network", self._network.destroy, net)
-        record = SandboxRecord(sid, self.kind, spec.resources, net)
-        record.save(paths.record)
-        if not is_mountpoint(paths.rootfs):
-            layers = [Path(p) for p in spec.layers]
-            if not layers:
-                paths.empty_lower.mkdir(exist_ok=True)
-                layers = [paths.empty_lower]
-            mount_overlay(layers, paths.upper, paths.work, paths.rootfs)
-            undo.push_async_callback(undo_step, "overlay", self._unmount, paths.rootfs)
-        config = build_config(self._config_inputs(spec, paths, record))
-        (paths.bundle / "config.json").write_text(json.dumps(config, indent=1))
-        undo.push_async_callback(undo_step, "cgroups", self._remove_cgroups, sid)
-        undo.push_async_callback(undo_step, "container", self._cli.delete, sid)
-        bundle_args: list[str | Path] = ["--bundle", paths.bundle, "--pid-file", paths.pid_file, sid]
-        if restore is not None:
-            argv = self.cli_argv("restore", "--detach", f"--image-path={restore}", *bundle_args)
-        else:
-            argv = self.cli_argv("run", "-d" if self.kind is RuntimeKind.RUNC else "--detach", *bundle_args)
-        await run_command(argv, timeout=RUN_TIMEOUT[self.kind], output=paths.log)
-        self._records[sid] = record
-        return SandboxHandle(sid, self.kind, net.guest_ip, AGENT_PORT, read_pid(paths.pid_file))
-
-    def _config_inputs(self, spec: SandboxSpec, paths: SandboxPaths, record: SandboxRecord) -> ConfigInputs:
-        assert record.network is not None
-        resources = spec.resources
+    async def _snapshot_locked(self, record: SandboxRecord, paths: SandboxPaths,
+                               dest: Path) -> tuple[bool, SandboxHandle | None]:
+        """Write ``dest/upper`` (and ``dest/checkpoint``); return (memory image?, the source's handle)."""
+        sid = record.sandbox_id
+        if record.paused is not None:  # frozen, checkpointed or without processes: nothing can write
+            memory = record.paused is PauseMode.MEMORY and not self._freezes(record.paused)
+            if memory:
+                await copy_tree(paths.checkpoint, dest / CHECKPOINT)
+            await copy_tree(paths.upper, dest / UPPER)
+            return memory, None
+        if record.network is None:  # a failed checkpoint or restore left it without processes
+            raise InvalidStateError(f"sandbox {sid} is not running")
         if self.kind is RuntimeKind.GVISOR:
-            # The host pids cgroup counts the sentry's threads too; exceeding it stops the whole sandbox.
-            resources = replace(resources, pids_max=resources.pids_max + RUNSC_HOST_TASKS)
-        etc = write_etc_files(paths.etc, spec.sandbox_id, record.network.guest_ip, self._network.dns_servers)
-        return ConfigInputs(
-            hostname=spec.sandbox_id,
-            rootfs=paths.rootfs,
-            netns_path=record.network.netns_path,
-            agent_bundle=self.agent_bundle,
-            etc_files=etc,
-            cgroups_path=f"/{self._cgroup_rel(spec.sandbox_id)}",
-            resources=resources,
-            args=AGENT_ARGV,
-            env={**agent_environment(), **spec.agent_env},
-            nofile=self._nofile,
-            oom_score_adj=self._oom_score_adj,
-        )
+            return True, await self._checkpoint_copy_restore(record, paths, dest)
+        await run_command(self.cli_argv("pause", sid), timeout=CLI_TIMEOUT)
+        try:
+            await copy_tree(paths.upper, dest / UPPER)
+        finally:
+            await run_command(self.cli_argv("resume", sid), timeout=CLI_TIMEOUT)
+        return False, self._handle(record, paths)
 
-    async def _release(self, record: SandboxRecord, paths: SandboxPaths, *, paused: PauseMode | None) -> None:
-        """End the container and free its network and mount; keep the sandbox dir (upper, checkpoint)."""
-        await self._cli.delete(record.sandbox_id)
-        await self._unmount(paths.rootfs)
-        await self._remove_cgroups(record.sandbox_id)
-        if record.network is not None:
-            await self._network.destroy(record.network)
-        self._save(paths, replace(record, network=None, paused=paused))
-
-    async def _unmount(self, target: Path) -> None:
-        unmount(target)
-
-    async def _remove_cgroups(self, sandbox_id: str) -> None:
-        left = await asyncio.to_thread(self._cgroups.remove, self._cgroup_rel(sandbox_id))
-        if left:
-            raise RuntimeFailure(f"cgroups still in use: {', '.join(map(str, left))}")
-
-    async def _remove_dir(self, root: Path) -> None:
-        await asyncio.to_thread(remove_tree, root)
+    async def _checkpoint_copy_restore(self, record: SandboxRecord, paths: SandboxPaths, dest: Path) -> SandboxHandle:
+        """gVisor: checkpoint into ``dest/checkpoint`` (the sandbox stops), copy the upper dir, then restore
+        the sandbox from that image into a fresh netns (its old one lost its address, B5)."""
+        sid, net = record.sandbox_id, record.network
+        assert net is not None
+        image = dest / CHECKPOINT
+        try:
+            ck = await run_command(self.cli_argv("checkpoint", f"--image-path={image}", sid),
+                                   timeout=CHECKPOINT_TIMEOUT, output=paths.log)
+        except RuntimeFailure as exc:
+            alive = await self._cli.state(sid) == "running"
+            if not alive:
+                await self._release(record, paths, paused=None)
+            raise RuntimeFailure(f"checkpoint of sandbox {sid} failed ({'it still runs' if alive else 'it is gone'}): "
+                                 f"{exc}") from exc
+        # Stopped: free the container, cgroups and netns; the overlay stays mounted for the restore.
+        record = replace(record, network=None)
+        copy_error: BaseException | None = None
+        try:
+            await self._cli.delete(sid)
+            await self._remove_cgroups(sid)
+            await self._network.destroy(net)
+            self._save(paths, record)
+            try:
+                took = await copy_tree(paths.upper, dest / UPPER)
+            except BaseException as exc:  # a failure or a cancellation: restore the source, then raise it
+                copy_error, took = exc, 0.0
+            handle = await self._restore_in_place(record, paths, net.allow_internet, image)
+        except BaseException:
+            await asyncio.shield(undo_step("sandbox", self._release, record, paths))
+            raise
+        _log.debug("snapshot %s: checkpoint %.1f ms, upper copy %.1f ms", sid, ck.duration * 1000, took * 1000)
+        if copy_error is not None:
+            raise copy_error
+        return handle

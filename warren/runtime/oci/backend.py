@@ -1,0 +1,231 @@
+"""The machinery under :class:`~warren.runtime.oci.runtime.OciRuntime`: its state, and the steps that
+make, run and release one sandbox's host resources (netns, overlay, bundle, container, cgroups).
+
+``OciRuntime`` subclasses :class:`OciBackendBase` and adds the Runtime protocol on top; nothing else
+should use this class directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import weakref
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from warren.errors import ConflictError, InvalidRequestError, RuntimeFailure, UnavailableError
+from warren.runtime.agent_bundle import AGENT_ARGV, agent_environment
+from warren.runtime.base import AGENT_PORT, PauseMode, RuntimeKind, SandboxHandle, SandboxSpec
+from warren.runtime.cgroups import CgroupHierarchies
+from warren.runtime.net.manager import NetworkManager
+from warren.runtime.oci.cli import RuntimeCli
+from warren.runtime.oci.command import run_command
+from warren.runtime.oci.layout import SandboxPaths, SandboxRecord, validate_sandbox_id, write_etc_files
+from warren.runtime.oci.snapshots import copy_tree
+from warren.runtime.oci.spec import ConfigInputs, build_config
+from warren.runtime.oci.steps import load_record, read_pid, remove_tree, undo_step
+from warren.runtime.probe import agent_process_limits
+from warren.runtime.rootfs import is_mountpoint, mount_overlay, unmount
+
+__all__ = ["RUNSC_HOST_TASKS", "RUN_TIMEOUT", "OciBackendBase"]
+
+_log = logging.getLogger(__name__)
+
+RUN_TIMEOUT = {RuntimeKind.RUNC: 30.0, RuntimeKind.GVISOR: 60.0}
+"""Seconds for ``run -d`` / ``restore``: runc takes ~40 ms, runsc ~150 ms; the margin is for a loaded host."""
+
+RUNSC_HOST_TASKS = 256
+"""Extra host tasks allowed in a gVisor sandbox's pids cgroup: the sentry, gofer and Go runtime threads
+(about 75 when idle). Guest processes cost about one host task each under ptrace."""
+
+
+class OciBackendBase:
+    """State and per-sandbox steps of one OCI backend (runc or runsc); see the module docstring."""
+
+    def __init__(
+        self,
+        kind: RuntimeKind,
+        binary: Path,
+        state_dir: Path,
+        agent_bundle: Path,
+        network: NetworkManager,
+        *,
+        cgroup_parent: str = "warren",
+        platform: str = "ptrace",
+        cgroups: CgroupHierarchies | None = None,
+    ) -> None:
+        self.kind = kind
+        self.binary = binary
+        self.state_dir = state_dir.absolute()
+        self.agent_bundle = agent_bundle.absolute()
+        self.cgroup_parent = cgroup_parent.strip("/")
+        self.platform = platform
+        self._network = network
+        self._cgroups = cgroups or CgroupHierarchies.detect()
+        self._root = self.state_dir / "runtime" / ("runc" if kind is RuntimeKind.RUNC else "runsc")
+        self._cli = RuntimeCli(kind, binary, self._root, platform)
+        self._sandboxes = self.state_dir / "sandboxes"
+        self._probe: dict[str, Any] | None = None
+        self._records: dict[str, SandboxRecord] = {}
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._oom_score_adj, self._nofile = agent_process_limits()
+
+    def cli_argv(self, *args: str | Path) -> list[str | Path]:
+        """The runtime CLI with this backend's global flags (``--root`` ...), e.g. for ``exec`` or
+        ``checkpoint``: ``await run_command(rt.cli_argv("exec", sid, "true"), timeout=10)``."""
+        return self._cli.argv(*args)
+
+    def sandbox_paths(self, sandbox_id: str) -> SandboxPaths:
+        validate_sandbox_id(sandbox_id)
+        return SandboxPaths(self._sandboxes / sandbox_id)
+
+    def _check_spec(self, spec: SandboxSpec) -> None:
+        validate_sandbox_id(spec.sandbox_id)
+        if spec.runtime is not self.kind:
+            raise InvalidRequestError(f"this backend runs {self.kind} sandboxes, not {spec.runtime}")
+        if self._probe is not None and not self._probe.get("available"):
+            raise UnavailableError(str(self._probe.get("reason") or f"{self.kind} is not available"))
+
+    async def _create(self, spec: SandboxSpec, *, upper_from: Path | None, image: Path | None) -> SandboxHandle:
+        """A new sandbox dir (upper empty or a copy of ``upper_from``) and :meth:`_launch`; all or nothing."""
+        paths = self.sandbox_paths(spec.sandbox_id)
+        async with contextlib.AsyncExitStack() as undo:
+            try:
+                paths.root.mkdir()
+            except FileExistsError as exc:
+                raise ConflictError(f"sandbox {spec.sandbox_id} already exists on this node") from exc
+            undo.push_async_callback(undo_step, "files", self._remove_dir, paths.root)
+            if upper_from is None:
+                paths.upper.mkdir()
+            else:
+                took = await copy_tree(upper_from, paths.upper)
+                _log.debug("restore %s: upper copied in %.1f ms", spec.sandbox_id, took * 1000)
+            for d in (paths.work, paths.rootfs):
+                d.mkdir(parents=True)
+            handle = await self._launch(spec, paths, undo, restore=image)
+            undo.pop_all()
+        return handle
+
+    async def _restore_in_place(self, record: SandboxRecord, paths: SandboxPaths, allow_internet: bool,
+                                image: Path) -> SandboxHandle:
+        """Restore a checkpointed sandbox from ``image`` with its own bundle into a new netns (same name,
+        so ``config.json`` stays valid; new slot, so the address and ``/etc/hosts`` change)."""
+        sid = record.sandbox_id
+        async with contextlib.AsyncExitStack() as undo:
+            net = await self._network.create(sid, allow_internet=allow_internet)
+            undo.push_async_callback(undo_step, "network", self._network.destroy, net)
+            record = replace(record, network=net, paused=None)
+            record.save(paths.record)
+            write_etc_files(paths.etc, sid, net.guest_ip, self._network.dns_servers)
+            handle = await self._run(paths, record, undo, restore=image)
+            undo.pop_all()
+        return handle
+
+    def _handle(self, record: SandboxRecord, paths: SandboxPaths) -> SandboxHandle:
+        assert record.network is not None
+        return SandboxHandle(record.sandbox_id, self.kind, record.network.guest_ip, AGENT_PORT,
+                             read_pid(paths.pid_file))
+
+    def _freezes(self, mode: PauseMode) -> bool:
+        """Whether ``mode`` keeps the container (runc's freezer) rather than removing it."""
+        return mode is PauseMode.MEMORY and self.kind is RuntimeKind.RUNC
+
+    def _lock(self, sandbox_id: str) -> asyncio.Lock:
+        lock = self._locks.get(sandbox_id)
+        if lock is None:
+            lock = self._locks[sandbox_id] = asyncio.Lock()
+        return lock
+
+    def _cgroup_rel(self, sandbox_id: str) -> str:
+        return f"{self.cgroup_parent}/{sandbox_id}"
+
+    def _record(self, sandbox_id: str) -> SandboxRecord | None:
+        """This backend's record of the sandbox (memory, else disk); None if unknown or the other kind's."""
+        record = self._records.get(sandbox_id) or load_record(self.sandbox_paths(sandbox_id))
+        return record if record is not None and record.kind is self.kind else None
+
+    def _save(self, paths: SandboxPaths, record: SandboxRecord) -> None:
+        record.save(paths.record)
+        self._records[record.sandbox_id] = record
+
+    async def _save_async(self, paths: SandboxPaths, record: SandboxRecord) -> None:
+        self._save(paths, record)
+
+    async def _launch(self, spec: SandboxSpec, paths: SandboxPaths, undo: contextlib.AsyncExitStack,
+                      *, restore: Path | None) -> SandboxHandle:
+        """Network, overlay (unless mounted), bundle, then ``run`` or ``restore``; undo steps go on ``undo``."""
+        sid = spec.sandbox_id
+        net = await self._network.create(sid, allow_internet=spec.allow_internet)
+        undo.push_async_callback(undo_step, "network", self._network.destroy, net)
+        record = SandboxRecord(sid, self.kind, spec.resources, net)
+        record.save(paths.record)
+        if not is_mountpoint(paths.rootfs):
+            layers = [Path(p) for p in spec.layers]
+            if not layers:
+                paths.empty_lower.mkdir(exist_ok=True)
+                layers = [paths.empty_lower]
+            mount_overlay(layers, paths.upper, paths.work, paths.rootfs)
+            undo.push_async_callback(undo_step, "overlay", self._unmount, paths.rootfs)
+        config = build_config(self._config_inputs(spec, paths, record))
+        (paths.bundle / "config.json").write_text(json.dumps(config, indent=1))
+        return await self._run(paths, record, undo, restore=restore)
+
+    async def _run(self, paths: SandboxPaths, record: SandboxRecord, undo: contextlib.AsyncExitStack,
+                   *, restore: Path | None) -> SandboxHandle:
+        """``run`` or ``restore`` the container of an existing bundle; undo steps go on ``undo``."""
+        sid = record.sandbox_id
+        undo.push_async_callback(undo_step, "cgroups", self._remove_cgroups, sid)
+        undo.push_async_callback(undo_step, "container", self._cli.delete, sid)
+        bundle_args: list[str | Path] = ["--bundle", paths.bundle, "--pid-file", paths.pid_file, sid]
+        if restore is not None:
+            argv = self.cli_argv("restore", "--detach", f"--image-path={restore}", *bundle_args)
+        else:
+            argv = self.cli_argv("run", "-d" if self.kind is RuntimeKind.RUNC else "--detach", *bundle_args)
+        result = await run_command(argv, timeout=RUN_TIMEOUT[self.kind], output=paths.log)
+        _log.debug("%s %s: %.1f ms", "restore" if restore else "run", sid, result.duration * 1000)
+        self._records[sid] = record
+        return self._handle(record, paths)
+
+    def _config_inputs(self, spec: SandboxSpec, paths: SandboxPaths, record: SandboxRecord) -> ConfigInputs:
+        assert record.network is not None
+        resources = spec.resources
+        if self.kind is RuntimeKind.GVISOR:
+            # The host pids cgroup counts the sentry's threads too; exceeding it stops the whole sandbox.
+            resources = replace(resources, pids_max=resources.pids_max + RUNSC_HOST_TASKS)
+        etc = write_etc_files(paths.etc, spec.sandbox_id, record.network.guest_ip, self._network.dns_servers)
+        return ConfigInputs(
+            hostname=spec.sandbox_id,
+            rootfs=paths.rootfs,
+            netns_path=record.network.netns_path,
+            agent_bundle=self.agent_bundle,
+            etc_files=etc,
+            cgroups_path=f"/{self._cgroup_rel(spec.sandbox_id)}",
+            resources=resources,
+            args=AGENT_ARGV,
+            env={**agent_environment(), **spec.agent_env},
+            nofile=self._nofile,
+            oom_score_adj=self._oom_score_adj,
+        )
+
+    async def _release(self, record: SandboxRecord, paths: SandboxPaths, *, paused: PauseMode | None = None) -> None:
+        """End the container and free its network and mount; keep the sandbox dir (upper, checkpoint)."""
+        await self._cli.delete(record.sandbox_id)
+        await self._unmount(paths.rootfs)
+        await self._remove_cgroups(record.sandbox_id)
+        if record.network is not None:
+            await self._network.destroy(record.network)
+        self._save(paths, replace(record, network=None, paused=paused))
+
+    async def _unmount(self, target: Path) -> None:
+        unmount(target)
+
+    async def _remove_cgroups(self, sandbox_id: str) -> None:
+        left = await asyncio.to_thread(self._cgroups.remove, self._cgroup_rel(sandbox_id))
+        if left:
+            raise RuntimeFailure(f"cgroups still in use: {', '.join(map(str, left))}")
+
+    async def _remove_dir(self, root: Path) -> None:
+        await asyncio.to_thread(remove_tree, root)
