@@ -73,6 +73,15 @@ class OciBackendBase:
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._oom_score_adj, self._nofile = agent_process_limits()
 
+    def _cli_for(self, record: SandboxRecord | None) -> RuntimeCli:
+        """The CLI of the runtime a sandbox was made with (seed 003: it never changes under a sandbox)."""
+        if record is None or record.binary is None or Path(record.binary) == self.binary:
+            return self._cli
+        return RuntimeCli(self.kind, Path(record.binary), self._root, self.platform)
+
+    def _cli_of(self, sandbox_id: str) -> RuntimeCli:
+        return self._cli_for(self._records.get(sandbox_id))
+
     def cli_argv(self, *args: str | Path) -> list[str | Path]:
         """The runtime CLI with this backend's global flags (``--root`` ...), e.g. for ``exec`` or
         ``checkpoint``: ``await run_command(rt.cli_argv("exec", sid, "true"), timeout=10)``."""
@@ -160,7 +169,8 @@ class OciBackendBase:
         sid = spec.sandbox_id
         net = await self._network.create(sid, allow_internet=spec.allow_internet)
         undo.push_async_callback(undo_step, "network", self._network.destroy, net)
-        record = SandboxRecord(sid, self.kind, spec.resources, net)
+        binary = str(spec.runtime_binary) if spec.runtime_binary else None
+        record = SandboxRecord(sid, self.kind, spec.resources, net, binary=binary)
         record.save(paths.record)
         if not is_mountpoint(paths.rootfs):
             layers = [Path(p) for p in spec.layers]
@@ -178,12 +188,13 @@ class OciBackendBase:
         """``run`` or ``restore`` the container of an existing bundle; undo steps go on ``undo``."""
         sid = record.sandbox_id
         undo.push_async_callback(undo_step, "cgroups", self._remove_cgroups, sid)
-        undo.push_async_callback(undo_step, "container", self._cli.delete, sid)
+        cli = self._cli_for(record)
+        undo.push_async_callback(undo_step, "container", cli.delete, sid)
         bundle_args: list[str | Path] = ["--bundle", paths.bundle, "--pid-file", paths.pid_file, sid]
         if restore is not None:
-            argv = self.cli_argv("restore", "--detach", f"--image-path={restore}", *bundle_args)
+            argv = cli.argv("restore", "--detach", f"--image-path={restore}", *bundle_args)
         else:
-            argv = self.cli_argv("run", "-d" if self.kind is RuntimeKind.RUNC else "--detach", *bundle_args)
+            argv = cli.argv("run", "-d" if self.kind is RuntimeKind.RUNC else "--detach", *bundle_args)
         result = await run_command(argv, timeout=RUN_TIMEOUT[self.kind], output=paths.log)
         _log.debug("%s %s: %.1f ms", "restore" if restore else "run", sid, result.duration * 1000)
         self._records[sid] = record
@@ -212,7 +223,7 @@ class OciBackendBase:
 
     async def _release(self, record: SandboxRecord, paths: SandboxPaths, *, paused: PauseMode | None = None) -> None:
         """End the container and free its network and mount; keep the sandbox dir (upper, checkpoint)."""
-        await self._cli.delete(record.sandbox_id)
+        await self._cli_for(record).delete(record.sandbox_id)
         await self._unmount(paths.rootfs)
         await self._remove_cgroups(record.sandbox_id)
         if record.network is not None:

@@ -98,6 +98,8 @@ class SandboxRecord:
     network: SandboxNetwork | None
     """None while the sandbox has no network (paused without its processes)."""
     paused: PauseMode | None = None
+    binary: str | None = None
+    """The runtime CLI this sandbox was made with (its runtime hash's staged binary); None: the backend's."""
 
     def to_json(self) -> str:
         return json.dumps({
@@ -107,6 +109,7 @@ class SandboxRecord:
             "resources": asdict(self.resources),
             "network": self.network.to_dict() if self.network else None,
             "paused": str(self.paused) if self.paused else None,
+            "binary": self.binary,
         })
 
     @classmethod
@@ -120,6 +123,7 @@ class SandboxRecord:
             resources=Resources(**data["resources"]),
             network=SandboxNetwork.from_dict(data["network"]) if data.get("network") else None,
             paused=PauseMode(data["paused"]) if data.get("paused") else None,
+            binary=data.get("binary"),
         )
 
     def save(self, path: Path) -> None:

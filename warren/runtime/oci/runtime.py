@@ -159,7 +159,7 @@ class OciRuntime(OciBackendBase):
                 except Exception as exc:
                     errors.append(f"{what}: {exc}")
 
-            await step("container", self._cli.delete, sandbox_id)
+            await step("container", self._cli_of(sandbox_id).delete, sandbox_id)
             await step("overlay", self._unmount, paths.rootfs)
             if record is not None and record.network is not None:
                 await step("network", self._network.destroy, record.network)
@@ -181,7 +181,7 @@ class OciRuntime(OciBackendBase):
         record = self._record(sandbox_id)
         if record is not None and record.paused is not None and not self._freezes(record.paused):
             return "paused"  # no container exists while checkpointed or paused without processes
-        return await self._cli.state(sandbox_id)
+        return await self._cli_of(sandbox_id).state(sandbox_id)
 
     async def stats(self, sandbox_id: str) -> SandboxStats:
         """CPU, memory (from the cgroup) and disk (the upper dir) of a sandbox this backend started."""
@@ -217,12 +217,12 @@ class OciRuntime(OciBackendBase):
             if record.paused is not None:
                 raise InvalidStateError(f"sandbox {sandbox_id} is already paused")
             if self._freezes(mode):
-                await run_command(self.cli_argv("pause", sandbox_id), timeout=CLI_TIMEOUT)
+                await run_command(self._cli_of(sandbox_id).argv("pause", sandbox_id), timeout=CLI_TIMEOUT)
             elif mode is PauseMode.MEMORY:
                 await asyncio.to_thread(remove_tree, paths.checkpoint)
                 try:
-                    await run_command(self.cli_argv("checkpoint", f"--image-path={paths.checkpoint}", sandbox_id),
-                                      timeout=CHECKPOINT_TIMEOUT, output=paths.log)
+                    argv = self._cli_of(sandbox_id).argv("checkpoint", f"--image-path={paths.checkpoint}", sandbox_id)
+                    await run_command(argv, timeout=CHECKPOINT_TIMEOUT, output=paths.log)
                 except RuntimeFailure:
                     if await self.state(sandbox_id) != "running":
                         await self._release(record, paths, paused=None)
@@ -248,7 +248,7 @@ class OciRuntime(OciBackendBase):
             if record.paused is not mode:
                 _log.warning("resuming %s as %s, the mode it was paused with (asked: %s)", sid, record.paused, mode)
             if self._freezes(record.paused) and record.network is not None:
-                await run_command(self.cli_argv("resume", sid), timeout=CLI_TIMEOUT)
+                await run_command(self._cli_of(sid).argv("resume", sid), timeout=CLI_TIMEOUT)
                 self._save(paths, replace(record, paused=None))
                 return SandboxHandle(sid, self.kind, record.network.guest_ip, AGENT_PORT, read_pid(paths.pid_file))
             restore = paths.checkpoint if record.paused is PauseMode.MEMORY else None
@@ -270,7 +270,7 @@ class OciRuntime(OciBackendBase):
         record = self._record(sandbox_id)
         if record is None or record.network is None or record.paused is not None:
             return None
-        if await self._cli.state(sandbox_id) != "running":
+        if await self._cli_of(sandbox_id).state(sandbox_id) != "running":
             return None
         return self._handle(record, paths)
 
@@ -338,11 +338,11 @@ class OciRuntime(OciBackendBase):
             raise InvalidStateError(f"sandbox {sid} is not running")
         if self.kind is RuntimeKind.GVISOR:
             return True, await self._checkpoint_copy_restore(record, paths, dest)
-        await run_command(self.cli_argv("pause", sid), timeout=CLI_TIMEOUT)
+        await run_command(self._cli_of(sid).argv("pause", sid), timeout=CLI_TIMEOUT)
         try:
             await copy_tree(paths.upper, dest / UPPER)
         finally:
-            await run_command(self.cli_argv("resume", sid), timeout=CLI_TIMEOUT)
+            await run_command(self._cli_of(sid).argv("resume", sid), timeout=CLI_TIMEOUT)
         return False, self._handle(record, paths)
 
     async def _checkpoint_copy_restore(self, record: SandboxRecord, paths: SandboxPaths, dest: Path) -> SandboxHandle:
@@ -352,10 +352,10 @@ class OciRuntime(OciBackendBase):
         assert net is not None
         image = dest / CHECKPOINT
         try:
-            ck = await run_command(self.cli_argv("checkpoint", f"--image-path={image}", sid),
+            ck = await run_command(self._cli_of(sid).argv("checkpoint", f"--image-path={image}", sid),
                                    timeout=CHECKPOINT_TIMEOUT, output=paths.log)
         except RuntimeFailure as exc:
-            alive = await self._cli.state(sid) == "running"
+            alive = await self._cli_of(sid).state(sid) == "running"
             if not alive:
                 await self._release(record, paths, paused=None)
             raise RuntimeFailure(f"checkpoint of sandbox {sid} failed ({'it still runs' if alive else 'it is gone'}): "
@@ -364,7 +364,7 @@ class OciRuntime(OciBackendBase):
         record = replace(record, network=None)
         copy_error: BaseException | None = None
         try:
-            await self._cli.delete(sid)
+            await self._cli_of(sid).delete(sid)
             await self._remove_cgroups(sid)
             await self._network.destroy(net)
             self._save(paths, record)
