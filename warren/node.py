@@ -186,6 +186,8 @@ async def _serve_locked(
         await reap_orphans_for_node(node_runtimes, manager.known_ids(), settings)
         runc = node_runtimes.backends.get(RuntimeKind.RUNC)
         builds = await _build_service(settings, templates, runc, manager, snapshots)
+        builds.on_built = manager.seal_template
+        builds.on_deleted = manager.forget_template
 
         async def import_template(src: Path, name: str, runtime: str | None) -> TemplateRecord:
             return await _import_template(templates, settings.state_dir, src, name, runtime)

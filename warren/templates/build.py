@@ -37,7 +37,7 @@ import string
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -212,6 +212,10 @@ class BuildService:
         self._gc_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._helper_source = Path(guest_helper.__file__).read_text()
+        self.on_built: Callable[[TemplateRecord], Awaitable[None]] | None = None
+        """Called with each new template record (the node seals gVisor templates as memory snapshots)."""
+        self.on_deleted: Callable[[TemplateRecord], Awaitable[None]] | None = None
+        """Called with each deleted template (the node drops its sealed snapshot and warm pool)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -659,6 +663,8 @@ class BuildService:
             await self._templates.put(record)
         if previous is not None:
             await self.gc(candidates=previous.layers)
+        if self.on_built is not None:
+            await self.on_built(record)
         return record
 
     # ------------------------------------------------------------------ image pulls
@@ -772,6 +778,8 @@ class BuildService:
                     raise ConflictError(f"template '{record.name}' is used by build {build.build_id}")
         async with self._gc_lock:
             await self._templates.delete(record.id)
+        if self.on_deleted is not None:
+            await self.on_deleted(record)
         await self.gc(candidates=record.layers)
         return record
 

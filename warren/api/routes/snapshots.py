@@ -27,7 +27,7 @@ async def list_snapshots(request: Request) -> Response:
     if repo is None:
         return JSONResponse([])
     q = request.query_params
-    items = repo.list()
+    items = [m for m in repo.list() if not any(n.startswith("template:") for n in m.names)]
     if sandbox_id := q.get("sandboxID"):
         items = [m for m in items if m.source_sandbox_id == sandbox_id]
     if name := q.get("name"):
