@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from .runtime import NetConfig, NetworkManager, OciRuntime
 from .runtime.assets import AssetCache
 from .runtime.base import Runtime, RuntimeKind
 from .runtime.index import RuntimeIndex
+from .runtime.reaper import ReapReport, reap_orphans
 from .runtime.records import RuntimeConfig
 from .runtime.registry import RuntimeRegistry, load_configs, local_configs
 
@@ -81,3 +83,29 @@ async def start_runtimes(settings: Settings, agent_bundle: Path) -> NodeRuntimes
     runtimes = NodeRuntimes(network, backends, RuntimeRegistry(index, cache))
     await runtimes.reload(settings)
     return runtimes
+
+
+async def reap_orphans_for_node(
+    node_runtimes: NodeRuntimes, known_ids: Collection[str], settings: Settings
+) -> ReapReport:
+    """Stop and remove the sandboxes this node's markers name but its store does not know (a crash
+    between starting a sandbox and recording it, or records lost); see :mod:`warren.runtime.reaper`.
+
+    Call once at start-up, after ``SandboxManager.recover()`` and before anything starts sandboxes
+    (serving, template builds). Never raises: orphans left by a failure are retried at the next start.
+    """
+    backends = list(node_runtimes.backends.values())
+    parents = {b.cgroup_parent for b in backends} or {settings.node_name}
+    if len(parents) != 1:
+        log.error("backends use different cgroup parents %s; not reaping orphans", sorted(parents))
+        return ReapReport()
+    try:
+        report = await reap_orphans(known=known_ids, backends=backends, network=node_runtimes.network,
+                                    state_dir=settings.state_dir, cgroup_parent=parents.pop())
+    except Exception:
+        log.exception("reaping orphaned sandboxes failed; the next start tries again")
+        return ReapReport()
+    if report.orphans:
+        log.warning("reaped %d orphaned sandboxes: %s; failed: %s", len(report.orphans), ", ".join(report.orphans),
+                    dict(report.failed) or "none")
+    return report
