@@ -73,6 +73,8 @@ class Settings:
             env["insecure_registries"] = tuple(h.strip() for h in insecure.split(",") if h.strip())
         if auth := os.environ.get("WARREN_REGISTRY_AUTH"):
             env["registry_auth_file"] = Path(auth)
+        if stall := os.environ.get("WARREN_TEST_STALL"):
+            env["extra"] = {"test_stall": stall}
         env.update({k: v for k, v in overrides.items() if v is not None})
         return cls(state_dir=state_dir, **env)  # type: ignore[arg-type]
 

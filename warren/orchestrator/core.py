@@ -107,6 +107,13 @@ class ManagerCore:
         """From now on, new lifecycle operations are refused (503); running ones finish."""
         self._draining = True
 
+    async def _test_stall(self, point: str) -> None:
+        """Test hook (``WARREN_TEST_STALL=pause|resume``): stop forever at ``point`` so a test can
+        SIGKILL the node mid-transition. Never set in production."""
+        if self._settings.extra.get("test_stall") == point:
+            log.warning("test hook: stalling at %s", point)
+            await asyncio.Event().wait()
+
     def _admit(self) -> None:
         if self._draining:
             raise UnavailableError("the node is shutting down; try another node")

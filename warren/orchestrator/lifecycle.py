@@ -76,11 +76,14 @@ class LifecycleOps(ManagerCore):
 
     async def _pause_locked(self, live: _Live, mode: PauseMode) -> None:
         runtime = self._runtimes[RuntimeKind(live.record.runtime)]
+        # The mode is recorded with PAUSING, so a crash mid-pause still knows how to resume.
+        live.record = dataclasses.replace(live.record, extra={**live.record.extra, "pause_mode": mode.value})
         await self._set_state(live, SandboxState.PAUSING)
         self._exits.unwatch(live.record.id)
         await self._removed(live.record.id)
         try:
             await runtime.pause(live.record.id, mode)
+            await self._test_stall("pause")
         except RuntimeFailure:
             if await runtime.state(live.record.id) == "running":
                 await self._set_state(live, SandboxState.RUNNING)
@@ -90,7 +93,6 @@ class LifecycleOps(ManagerCore):
                 await self._set_state(live, SandboxState.KILLING)
                 await asyncio.shield(self._discard(live))
             raise
-        live.record = dataclasses.replace(live.record, extra={**live.record.extra, "pause_mode": mode.value})
         await self._set_state(live, SandboxState.PAUSED)
 
     async def resume(self, sandbox_id: str, timeout_s: int | None = None) -> SandboxRecord:
@@ -109,6 +111,7 @@ class LifecycleOps(ManagerCore):
         await self._set_state(live, SandboxState.RESUMING)
         try:
             handle = await runtime.resume(self._spec(live.record, staged), mode)
+            await self._test_stall("resume")
             live.record = dataclasses.replace(
                 live.record, address=handle.address, extra={**live.record.extra, "init_pid": handle.init_pid}
             )
@@ -179,6 +182,20 @@ class LifecycleOps(ManagerCore):
         finally:
             self._exits.close()
 
+    async def _finish_resume(self, live: _Live) -> None:
+        """A crash hit after the runtime resumed but maybe before /init: hand it its /init again."""
+        runtime = self._runtimes[RuntimeKind(live.record.runtime)]
+        handle = await runtime.locate(live.record.id)
+        if handle is None:
+            return
+        live.record = dataclasses.replace(
+            live.record, address=handle.address, extra={**live.record.extra, "init_pid": handle.init_pid}
+        )
+        await self._sandboxes.put(live.record)
+        if live.record.extra.get("pause_mode") == PauseMode.FILESYSTEM.value:
+            await wait_healthy(handle.address, handle.agent_port, time.monotonic() + 30)
+            await self._init(live, handle.address, handle.agent_port, previous_token=live.record.access_token)
+
     async def recover(self) -> None:
         """On start: re-adopt what still runs or stays paused; settle half-done transitions; drop the rest.
 
@@ -199,6 +216,8 @@ class LifecycleOps(ManagerCore):
                 await self._sandboxes.put(live.record)
                 log.info("sandbox %s: %s at crash, now %s", record.id, record.state, target.value)
             self._live[record.id] = live
+            if target is SandboxState.RUNNING and record.state == SandboxState.RESUMING.value:
+                await self._finish_resume(live)
             if target is SandboxState.RUNNING:
                 self._exits.watch(record.id, record.extra.get("init_pid"))
             log.info("re-adopted sandbox %s (%s)", record.id, target.value)
