@@ -54,7 +54,7 @@ COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.2; do
 
 def test_restart_with_running_sandboxes_readopts_them(own_node: Node) -> None:
     """SIGTERM pauses the running sandboxes (seed 000); after the restart they resume with their state."""
-    boxes = [Sandbox.create(template="base", timeout=600) for _ in range(3)]
+    boxes = [Sandbox.create(template="base", timeout=600) for _ in range(5)]
     for b in boxes:
         b.commands.run(COUNTER, background=True)
         b.files.write("/home/user/f.txt", b.sandbox_id)
