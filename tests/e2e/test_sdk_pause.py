@@ -123,5 +123,17 @@ def test_bad_lifecycle_input(node: Node, template: str) -> None:
                 assert r.status_code == 400 and r.json()["code"] == 400
             assert c.post("/sandboxes/inope/resume", json={}).status_code == 404
             assert c.post(f"/sandboxes/{box.sandbox_id}/resume", json={}).status_code == 409
+            box.files.write("/home/user/p.txt", "paused-snap")
+            box.pause()
+            # Documented: a paused sandbox can be snapshotted as it is, and stays paused.
+            snap = c.post(f"/sandboxes/{box.sandbox_id}/snapshots", json={"name": f"p-{box.sandbox_id}"})
+            assert snap.status_code == 201, snap.text
+            assert c.get(f"/sandboxes/{box.sandbox_id}").json()["state"] == "paused"
+            child = Sandbox.create(template=snap.json()["snapshotID"])
+            try:
+                assert child.files.read("/home/user/p.txt") == "paused-snap"
+            finally:
+                child.kill()
+                c.delete(f"/snapshots/{snap.json()['snapshotID']}")
     finally:
         box.kill()
