@@ -3,6 +3,18 @@
 Speed and memory targets live here, never in tests. Everything runs against a node started on
 loopback with an empty state dir, the built-in templates, runc, and gVisor where runsc can network
 (a B1-patched copy of Debian's runsc stands in for a fixed release, as in the tests).
+
+``results`` has one entry per section (``--only`` picks some, ``--quick`` runs fewer iterations);
+a section that fails records ``{"error": ...}`` and the others still run:
+
+* ``sandboxes`` (bench/sandboxes.py): create-to-first-command, commands.run, idle memory, bare run;
+* ``templates`` (bench/templates.py): image pulls vs skopeo, shared-base pull, SDK template builds;
+* ``lifecycle`` (bench/lifecycle.py): pause, resume, snapshot, fork vs bare runtime verbs; warm pool;
+* ``node`` (bench/node.py): server RSS / threads idle and with 50 sandboxes, default and capped;
+  shutdown time at two concurrencies.
+
+``leftovers`` lists anything the benchmark's nodes left on the host (it should be empty). Numbers
+are wall-clock on a possibly shared host: ``machine.loadavg_*`` says how busy it was.
 """
 
 from __future__ import annotations
@@ -11,128 +23,116 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-from bench.stats import summary_ms, timed
 
 REPORT = Path(__file__).parent / "report.json"
 TARGETS = {
     "runc_create_to_first_command_vs_bare_p50_ratio": "<= 2.0",
     "commands_run_p50_ms": "< 10",
     "idle_agent_rss_mib": "< 20",
+    "gvisor_pause_vs_bare_checkpoint_p50_ratio": "<= 1.3",
+    "gvisor_resume_vs_bare_restore_p50_ratio": "<= 1.3",
+    "runc_pause_p50_ms": "< 20",
+    "runc_resume_p50_ms": "< 20",
 }
+SECTIONS = ("sandboxes", "templates", "lifecycle", "node")
 
 
-def _env(node: Any) -> None:
-    os.environ.update(node.env())
+def _machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "loadavg_start": list(os.getloadavg()),
+    }
 
 
-def create_to_first_command(template: str, n: int) -> dict[str, Any]:
-    from e2b import Sandbox
+def _on_shared_node(
+    work: Path, runsc: Path | None, rootfs: Path, sections: list[str], scale: float, report: dict[str, Any]
+) -> None:
+    """The sandboxes, templates and lifecycle sections, on one node (warm pool off unless a section sets it)."""
+    from bench.harness import bench_node, sdk_env, section
 
-    samples: list[float] = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        sbx = Sandbox.create(template=template, timeout=120)
-        sbx.commands.run("true")
-        samples.append(time.perf_counter() - t0)
-        sbx.kill()
-    return summary_ms(samples)
+    results = report["results"]
+    with bench_node(work / "state", runsc) as node:
+        sdk_env(node)
+        with node.client() as c:
+            probes = c.get("/health").json()["runtimes"]
+            src = str(rootfs)
+            c.post("/warren/templates/import", json={"path": src, "name": "base-gvisor", "runtime": "gvisor"})
+            agent_bundle = Path(c.get("/health").json().get("agent_bundle", ""))
+        report["runtimes"] = probes
+        if "sandboxes" in sections:
+            from bench.sandboxes import run_sandboxes
 
+            results["sandboxes"] = section(lambda: run_sandboxes(probes, rootfs, agent_bundle, runsc, scale))
+        if "templates" in sections:
+            from bench.templates import run_templates
 
-def commands_round_trip(template: str, n: int) -> dict[str, Any]:
-    from e2b import Sandbox
+            results["templates"] = section(lambda: run_templates(node, work, scale))
+        if "lifecycle" in sections:
+            from bench.lifecycle import run_lifecycle
 
-    sbx = Sandbox.create(template=template, timeout=300)
-    try:
-        for _ in range(5):
-            sbx.commands.run("true")
-        return summary_ms([timed(lambda: sbx.commands.run("true")) for _ in range(n)])
-    finally:
-        sbx.kill()
-
-
-def _mem_available() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
-def idle_memory(template: str, n: int) -> dict[str, Any]:
-    """Agent RSS as the sandbox sees pid 1, cgroup memory per sandbox, and host MemAvailable drop."""
-    from e2b import Sandbox
-
-    before = _mem_available()
-    boxes = [Sandbox.create(template=template, timeout=300) for _ in range(n)]
-    try:
-        time.sleep(2)
-        after = _mem_available()
-        rss = []
-        for sbx in boxes:
-            status = sbx.commands.run("cat /proc/1/status", user="root").stdout
-            kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
-            rss.append(kib / 1024)
-        cgroup = [sbx.get_metrics()[-1].mem_used / 2**20 for sbx in boxes]
-        return {
-            "sandboxes": n,
-            "idle_agent_rss_mib_p50": round(sorted(rss)[len(rss) // 2], 2),
-            "cgroup_memory_per_sandbox_mib_p50": round(sorted(cgroup)[len(cgroup) // 2], 2),
-            "host_memavailable_drop_per_sandbox_mib": round((before - after) / n / 2**20, 2),
-        }
-    finally:
-        for sbx in boxes:
-            sbx.kill()
+            results["lifecycle"] = section(lambda: run_lifecycle(node, probes, rootfs, agent_bundle, runsc, scale))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--out", type=Path, default=REPORT)
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
+    parser.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"comma-separated sections to run (default: all of {','.join(SECTIONS)})",
+    )
     args = parser.parse_args()
+    only = [x.strip() for x in args.only.split(",") if x.strip()]
+    if unknown := set(only) - set(SECTIONS):
+        parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
     scale = 0.25 if args.quick else 1.0
 
-    from bench.bare import bare_starts
-    from tests.framework.node import DEFAULT_CACHE, running_node
+    from bench.harness import cleanup_bare_cgroups, host_baseline, keep_logs, leftovers, section
+    from tests.framework.node import DEFAULT_CACHE
     from tests.framework.runsc import SYSTEM_RUNSC, patch_runsc
 
     report: dict[str, Any] = {
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
+        "machine": _machine(),
+        "quick": args.quick,
         "targets": TARGETS,
         "results": {},
     }
     results: dict[str, Any] = report["results"]
+    t_start = time.monotonic()
+    baseline = host_baseline()
+    rootfs = DEFAULT_CACHE / "templates" / "base" / "rootfs"
     with tempfile.TemporaryDirectory(prefix="warren-bench-") as tmp:
-        runsc = patch_runsc(SYSTEM_RUNSC, Path(tmp) / "runsc") if SYSTEM_RUNSC.exists() else None
+        work = Path(tmp)
+        runsc = patch_runsc(SYSTEM_RUNSC, work / "runsc") if SYSTEM_RUNSC.exists() else None
         report["machine"]["runsc"] = "B1-patched copy of /usr/bin/runsc (stands in for a fixed release)"
-        with running_node(Path(tmp) / "state", runsc=runsc) as node:
-            _env(node)
-            with node.client() as c:
-                probes = c.get("/health").json()["runtimes"]
-                src = str(DEFAULT_CACHE / "templates" / "base" / "rootfs")
-                c.post("/warren/templates/import", json={"path": src, "name": "base-gvisor", "runtime": "gvisor"})
-                agent_bundle = Path(c.get("/health").json().get("agent_bundle", ""))
-            report["runtimes"] = probes
-            rootfs = DEFAULT_CACHE / "templates" / "base" / "rootfs"
-            for runtime, template, n in (("runc", "base", 40), ("gvisor", "base-gvisor", 12)):
-                if not probes.get(runtime, {}).get("available"):
-                    results[runtime] = {"skipped": probes.get(runtime, {}).get("reason")}
-                    continue
-                k = max(3, int(n * scale))
-                r: dict[str, Any] = {}
-                r["create_to_first_command"] = create_to_first_command(template, k)
-                r["commands_run_round_trip"] = commands_round_trip(template, max(20, int(200 * scale)))
-                r["idle"] = idle_memory(template, 5)
-                binary = "runc" if runtime == "runc" else str(runsc)
-                r["bare_run"] = summary_ms(bare_starts(binary, rootfs, agent_bundle, k, gvisor=runtime == "gvisor"))
-                r["create_vs_bare_p50_ratio"] = round(
-                    r["create_to_first_command"]["p50_ms"] / r["bare_run"]["p50_ms"], 2
-                )
-                results[runtime] = r
+        shared = [x for x in SECTIONS[:3] if x in only]
+        try:
+            if shared:
+                _on_shared_node(work, runsc, rootfs, shared, scale, report)
+        except Exception as exc:  # the shared node did not start or stop: its sections get the error
+            for name in shared:
+                results.setdefault(name, {"error": f"{type(exc).__name__}: {exc}"})
+        if "node" in only:
+            from bench.node import run_node
+
+            results["node"] = section(lambda: run_node(work / "nodes", runsc, scale))
+        cleanup_bare_cgroups()
+        report["leftovers"] = leftovers(work, baseline)
+        if report["leftovers"]:
+            report["leftovers"]["node_logs_kept_in"] = keep_logs(work)
+        for mount in sorted(report["leftovers"].get("mounts", []), key=len, reverse=True):
+            subprocess.run(["umount", "-l", mount], check=False)  # never let the temp dir's removal cross one
+    report["machine"]["loadavg_end"] = list(os.getloadavg())
+    report["wall_s"] = round(time.monotonic() - t_start, 1)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
 

@@ -57,6 +57,8 @@ class WarmPool:
         self._sizes: dict[str, int] = {}
         self._wake = asyncio.Event()
         self._closed = False
+        self._stopping: set[Pooled] = set()
+        """Spares being stopped; a stop cut short by shutdown is finished by :meth:`drain`."""
 
     def set_size(self, template_id: str, size: int) -> None:
         """Per-template pool size (0 disables it for that template)."""
@@ -109,7 +111,7 @@ class WarmPool:
                 self._wake.clear()
                 for shelf in list(self._shelves.values()):
                     while len(shelf.ready) > shelf.target:
-                        await self._stop_quietly(shelf.ready.pop())
+                        await self._stop_quietly(shelf.ready.pop())  # tracked: a cancelled stop is redone
                     if len(shelf.ready) < shelf.target and not self._closed:
                         try:
                             shelf.ready.append(await self._start(shelf.origin, shelf.kind))
@@ -128,12 +130,16 @@ class WarmPool:
             await asyncio.shield(self.drain())
 
     async def drain(self) -> None:
-        """Stop every ready sandbox (node shutdown). Idempotent."""
+        """Stop every ready sandbox and finish interrupted stops (node shutdown). Idempotent."""
         self._closed = True
         for shelf in self._shelves.values():
             while shelf.ready:
                 await self._stop_quietly(shelf.ready.pop())
+        for pooled in list(self._stopping):
+            await self._stop_quietly(pooled)
 
     async def _stop_quietly(self, pooled: Pooled) -> None:
+        self._stopping.add(pooled)
         with contextlib.suppress(WarrenError):
             await self._stop(pooled)
+        self._stopping.discard(pooled)  # not reached when cancelled: drain() stops it again
