@@ -57,7 +57,7 @@ class WarmPool:
         self._sizes: dict[str, int] = {}
         self._wake = asyncio.Event()
         self._closed = False
-        self._stopping: set[Pooled] = set()
+        self._stopping: dict[str, Pooled] = {}
         """Spares being stopped; a stop cut short by shutdown is finished by :meth:`drain`."""
 
     def set_size(self, template_id: str, size: int) -> None:
@@ -135,11 +135,11 @@ class WarmPool:
         for shelf in self._shelves.values():
             while shelf.ready:
                 await self._stop_quietly(shelf.ready.pop())
-        for pooled in list(self._stopping):
+        for pooled in list(self._stopping.values()):
             await self._stop_quietly(pooled)
 
     async def _stop_quietly(self, pooled: Pooled) -> None:
-        self._stopping.add(pooled)
+        self._stopping[pooled.sandbox_id] = pooled
         with contextlib.suppress(WarrenError):
             await self._stop(pooled)
-        self._stopping.discard(pooled)  # not reached when cancelled: drain() stops it again
+        self._stopping.pop(pooled.sandbox_id, None)  # not reached when cancelled: drain() stops it again
