@@ -144,8 +144,7 @@ class RuntimeIndex:
         async with self._lock:
             if not self._loaded:
                 self.load()
-            present = self._entries.get(runtime_hash)
-            if present is not None and present.record == record:
+            if runtime_hash in self._entries:  # the hash covers the whole record: nothing to update
                 return runtime_hash
             entries = dict(self._entries)
             provenance = Provenance(self._clock(), config_name, config_version)
@@ -153,16 +152,8 @@ class RuntimeIndex:
             self._write_seq += 1
             await self._persist(entries, self._write_seq, runtime_hash)
             self._entries = entries
-        if present is None:
-            log.info(
-                "registered runtime %s (%s, config %s@%s)",
-                runtime_hash,
-                record.sandbox_class,
-                config_name,
-                config_version,
-            )
-        else:
-            log.info("runtime %s: asset URLs updated (config %s@%s)", runtime_hash, config_name, config_version)
+        log.info("registered runtime %s (%s, config %s@%s)", runtime_hash, record.sandbox_class,
+                 config_name, config_version)  # fmt: skip
         return runtime_hash
 
     def resolve(self, runtime_hash: str) -> RuntimeRecord:
