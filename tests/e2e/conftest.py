@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from e2b import Sandbox
 
 from tests.framework.node import DEFAULT_CACHE, Node, running_node
 
@@ -54,3 +55,13 @@ def runtime(request: pytest.FixtureRequest, node: Node) -> str:
 def template(runtime: str) -> str:
     """The base template for the runtime under test."""
     return "base" if runtime == "runc" else "base-gvisor"
+
+
+@pytest.fixture
+def sbx(node: Node, template: str) -> Iterator[Sandbox]:
+    """A fresh sandbox of the runtime under test, killed afterwards (a no-op if the test killed it)."""
+    box = Sandbox.create(template=template, timeout=300)
+    try:
+        yield box
+    finally:
+        Sandbox.kill(box.sandbox_id)

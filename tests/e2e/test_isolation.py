@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from e2b import CommandExitException, Sandbox
@@ -44,15 +43,6 @@ _GATEWAY = (
     "    f = line.split()\n"
     "    if f[1] == '00000000': print(socket.inet_ntoa(struct.pack('<L', int(f[2], 16))))"
 )
-
-
-@pytest.fixture
-def sbx(node: Node, template: str) -> Iterator[Sandbox]:
-    box = Sandbox.create(template=template, timeout=300)
-    try:
-        yield box
-    finally:
-        box.kill()
 
 
 def _host_addresses() -> list[str]:

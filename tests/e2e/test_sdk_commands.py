@@ -3,22 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 from e2b import CommandExitException, Sandbox
 from e2b.sandbox.commands.command_handle import PtySize
-
-from tests.framework.node import Node
-
-
-@pytest.fixture
-def sbx(node: Node, template: str) -> Iterator[Sandbox]:
-    box = Sandbox.create(template=template, timeout=300)
-    try:
-        yield box
-    finally:
-        box.kill()
 
 
 def test_run_stdout_stderr_exit_code(sbx: Sandbox) -> None:

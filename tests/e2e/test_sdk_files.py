@@ -4,23 +4,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 
-import pytest
 from e2b import FileType, Sandbox
 from e2b.sandbox.filesystem.filesystem import WriteEntry
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
-
-from tests.framework.node import Node
-
-
-@pytest.fixture
-def sbx(node: Node, template: str) -> Iterator[Sandbox]:
-    box = Sandbox.create(template=template, timeout=300)
-    try:
-        yield box
-    finally:
-        box.kill()
 
 
 def test_write_and_read_text_and_bytes(sbx: Sandbox) -> None:

@@ -3,24 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import httpx
-import pytest
 from e2b import Sandbox
 
 from tests.framework.node import Node
 
 COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.2; done"
-
-
-@pytest.fixture
-def sbx(node: Node, template: str) -> Iterator[Sandbox]:
-    box = Sandbox.create(template=template, timeout=300)
-    try:
-        yield box
-    finally:
-        Sandbox.kill(box.sandbox_id)
 
 
 def _counter(box: Sandbox) -> int:
