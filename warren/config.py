@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,30 +54,32 @@ class Settings:
     def from_env(cls, state_dir: Path, **overrides: object) -> Settings:
         """Settings with ``WARREN_*`` environment values applied, then explicit overrides."""
         env: dict[str, object] = {}
-        if key := os.environ.get("WARREN_API_KEY"):
-            env["api_key"] = key
-        if cache := os.environ.get("WARREN_CACHE_DIR"):
-            env["cache_dir"] = Path(cache)
-        if runsc := os.environ.get("WARREN_RUNSC"):
-            env["runsc_path"] = Path(runsc)
-        if runtimes := os.environ.get("WARREN_RUNTIMES"):
-            env["runtimes_file"] = Path(runtimes)
-        if pool := os.environ.get("WARREN_WARM_POOL"):
-            env["warm_pool_size"] = int(pool)
-        if budget := os.environ.get("WARREN_LOCK_BUDGET_S"):
-            env["lock_budget_s"] = float(budget)
-        if conc := os.environ.get("WARREN_SHUTDOWN_CONCURRENCY"):
-            env["shutdown_concurrency"] = int(conc)
-        if mirrors := os.environ.get("WARREN_REGISTRY_MIRRORS"):
-            env["registry_mirrors"] = parse_mirrors(mirrors)
-        if insecure := os.environ.get("WARREN_INSECURE_REGISTRIES"):
-            env["insecure_registries"] = tuple(h.strip() for h in insecure.split(",") if h.strip())
-        if auth := os.environ.get("WARREN_REGISTRY_AUTH"):
-            env["registry_auth_file"] = Path(auth)
+        for var, (name, parse) in _ENV.items():
+            if raw := os.environ.get(var):
+                env[name] = parse(raw)
         if stall := os.environ.get("WARREN_TEST_STALL"):
             env["extra"] = {"test_stall": stall}
         env.update({k: v for k, v in overrides.items() if v is not None})
         return cls(state_dir=state_dir, **env)  # type: ignore[arg-type]
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(h.strip() for h in text.split(",") if h.strip())
+
+
+_ENV: dict[str, tuple[str, Callable[[str], object]]] = {
+    "WARREN_API_KEY": ("api_key", str),
+    "WARREN_CACHE_DIR": ("cache_dir", Path),
+    "WARREN_RUNSC": ("runsc_path", Path),
+    "WARREN_RUNTIMES": ("runtimes_file", Path),
+    "WARREN_WARM_POOL": ("warm_pool_size", int),
+    "WARREN_LOCK_BUDGET_S": ("lock_budget_s", float),
+    "WARREN_SHUTDOWN_CONCURRENCY": ("shutdown_concurrency", int),
+    "WARREN_REGISTRY_MIRRORS": ("registry_mirrors", lambda text: parse_mirrors(text)),
+    "WARREN_INSECURE_REGISTRIES": ("insecure_registries", _csv),
+    "WARREN_REGISTRY_AUTH": ("registry_auth_file", Path),
+}
+"""Environment variable → (Settings field, parser), applied by :meth:`Settings.from_env`."""
 
 
 def parse_mirrors(text: str) -> dict[str, tuple[str, ...]]:

@@ -39,18 +39,21 @@ def _params(record: object, cols: list[str], json_cols: set[str]) -> list[object
     return out
 
 
+def _upsert(table: str, cols: list[str]) -> str:
+    return f"INSERT OR REPLACE INTO {table} ({','.join(cols)}) VALUES ({','.join('?' * len(cols))})"
+
+
+_SANDBOX_UPSERT = _upsert("sandboxes", _SANDBOX_COLS)
+_TEMPLATE_UPSERT = _upsert("templates", _TEMPLATE_COLS)
+
+
 class SandboxRepo:
     def __init__(self, db: Database) -> None:
         self._db = db
 
     async def put(self, rec: SandboxRecord) -> None:
         """Insert or replace the whole record."""
-        cols = ",".join(_SANDBOX_COLS)
-        marks = ",".join("?" * len(_SANDBOX_COLS))
-        await self._db.write(
-            f"INSERT OR REPLACE INTO sandboxes ({cols}) VALUES ({marks})",
-            _params(rec, _SANDBOX_COLS, _JSON_SANDBOX),
-        )
+        await self._db.write(_SANDBOX_UPSERT, _params(rec, _SANDBOX_COLS, _JSON_SANDBOX))
 
     async def get(self, sandbox_id: str) -> SandboxRecord | None:
         rows = await self._db.read("SELECT * FROM sandboxes WHERE id = ?", (sandbox_id,))
@@ -69,12 +72,8 @@ class TemplateRepo:
         self._db = db
 
     async def put(self, rec: TemplateRecord) -> None:
-        cols = ",".join(_TEMPLATE_COLS)
-        marks = ",".join("?" * len(_TEMPLATE_COLS))
-        await self._db.write(
-            f"INSERT OR REPLACE INTO templates ({cols}) VALUES ({marks})",
-            _params(rec, _TEMPLATE_COLS, _JSON_TEMPLATE),
-        )
+        """Insert or replace the whole record."""
+        await self._db.write(_TEMPLATE_UPSERT, _params(rec, _TEMPLATE_COLS, _JSON_TEMPLATE))
 
     async def find(self, id_or_name: str) -> TemplateRecord | None:
         rows = await self._db.read(
