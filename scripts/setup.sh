@@ -2,6 +2,10 @@
 # Host setup for warren, idempotent: Debian packages, the venv at .venv (pinned by requirements.lock),
 # warren itself (editable), then `warren setup` (guest agent bundle + built-in templates, cached).
 # Runs as root, unattended (CI=true, no stdin). A second run only checks and returns quickly.
+#
+# WARREN_SETUP_STAGES (default "packages,venv,warren"): the stages to run, comma-separated, always in
+# that order. `WARREN_SETUP_STAGES=packages scripts/setup.sh` only installs the Debian packages
+# (tests/unit/scripts runs it so against stand-in apt tools).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -14,6 +18,15 @@ die() { printf 'scripts/setup.sh: %s\n' "$*" >&2; exit 1; }
 
 [ "$(id -u)" -eq 0 ] || die "run as root (sudo scripts/setup.sh)"
 
+STAGES=${WARREN_SETUP_STAGES:-packages,venv,warren}
+for stage in ${STAGES//,/ }; do
+  case "$stage" in
+    packages | venv | warren) ;;
+    *) die "unknown stage '$stage' in WARREN_SETUP_STAGES (known: packages, venv, warren)" ;;
+  esac
+done
+want_stage() { [[ ",$STAGES," == *",$1,"* ]]; }
+
 # Needed by warren or its tests; setup fails without them.
 REQUIRED=(runc debootstrap busybox-static nftables iptables patchelf iproute2 procps psmisc socat e2fsprogs curl dash
           python3 python3-venv ca-certificates)
@@ -21,15 +34,20 @@ REQUIRED=(runc debootstrap busybox-static nftables iptables patchelf iproute2 pr
 # tests skip (runsc: gVisor; redis-server: cluster; docker-registry, skopeo: image pulls).
 OPTIONAL=(runsc redis-server docker-registry skopeo)
 
+# No pipelines into `grep -q` here: under pipefail, grep exiting at its first match kills the
+# producer with SIGPIPE and the pipeline fails (141) exactly when the match was found. Capture, then test.
 missing_packages() {
-  local pkg
+  local pkg status
   for pkg in "$@"; do
-    dpkg-query -W -f='${db:Status-Status}\n' "$pkg" 2>/dev/null | grep -qx installed || echo "$pkg"
+    status=$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)
+    [ "$status" = installed ] || echo "$pkg"
   done
 }
 
 has_candidate() {
-  apt-cache policy "$1" 2>/dev/null | grep -q 'Candidate: [^(]'
+  local policy
+  policy=$(apt-cache policy "$1" 2>/dev/null || true)
+  [[ $policy =~ Candidate:\ [^\(] ]]
 }
 
 install_packages() {
@@ -107,8 +125,14 @@ if bad:
 PY
 }
 
-install_packages
-setup_venv
-log "warren setup"
-"$VENV/bin/warren" setup </dev/null
+if want_stage packages; then
+  install_packages
+fi
+if want_stage venv; then
+  setup_venv
+fi
+if want_stage warren; then
+  log "warren setup"
+  "$VENV/bin/warren" setup </dev/null
+fi
 log "done"
