@@ -4,7 +4,7 @@
 # collected", counts as a failure like any other).
 set -uo pipefail
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 VENV=$PWD/.venv
 export PATH="$VENV/bin:$PATH"  # tools installed in the venv (hadolint, shellcheck) are found by tests
 

@@ -52,12 +52,14 @@ builtin_list() {
     return 0
 }
 
+# `grep -x >/dev/null`, not `grep -q`: -q stops reading at the first match, and a shell with
+# pipefail (busybox sh has it) would then see the writer die of SIGPIPE and call a match a miss.
 is_loaded() {
-    [ -r "$PROC_MODULES" ] && cut -d ' ' -f 1 "$PROC_MODULES" | grep -qx "$1"
+    [ -r "$PROC_MODULES" ] && cut -d ' ' -f 1 "$PROC_MODULES" | grep -x "$1" >/dev/null
 }
 
 is_builtin() {
-    printf '%s\n' "$BUILTIN" | grep -qx "$1"
+    printf '%s\n' "$BUILTIN" | grep -x "$1" >/dev/null
 }
 
 probe() {
