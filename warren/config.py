@@ -48,6 +48,9 @@ class Settings:
     """A RUN step still running after this long is killed and fails its build."""
     start_ready_timeout_s: float = 30.0
     """How long sandbox creation waits for a template's ready command to succeed."""
+    import_roots: tuple[Path, ...] = ()
+    """Directories ``/warren/templates/import`` may read from (``WARREN_IMPORT_ROOTS``, colon-separated);
+    empty: the cache dir only. See :meth:`allowed_import_roots`."""
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -61,6 +64,14 @@ class Settings:
             env["extra"] = {"test_stall": stall}
         env.update({k: v for k, v in overrides.items() if v is not None})
         return cls(state_dir=state_dir, **env)  # type: ignore[arg-type]
+
+    def allowed_import_roots(self) -> tuple[Path, ...]:
+        """The import roots in force: ``import_roots``, or the cache dir when none are set."""
+        return self.import_roots or (self.cache_dir,)
+
+
+def _paths(text: str) -> tuple[Path, ...]:
+    return tuple(Path(p.strip()) for p in text.split(":") if p.strip())
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -78,6 +89,7 @@ _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
     "WARREN_REGISTRY_MIRRORS": ("registry_mirrors", lambda text: parse_mirrors(text)),
     "WARREN_INSECURE_REGISTRIES": ("insecure_registries", _csv),
     "WARREN_REGISTRY_AUTH": ("registry_auth_file", Path),
+    "WARREN_IMPORT_ROOTS": ("import_roots", _paths),
 }
 """Environment variable → (Settings field, parser), applied by :meth:`Settings.from_env`."""
 

@@ -3,6 +3,7 @@
     WarrenError
     ├── InvalidRequestError      the caller sent something malformed (400)
     ├── AuthenticationError      missing or wrong API key / access token (401)
+    ├── ForbiddenError           authenticated, but not allowed (a path outside the import roots) (403)
     ├── NotFoundError            no such sandbox, template, file (404)
     ├── ConflictError            the object exists, or is in a state that forbids the action (409)
     │   └── InvalidStateError    lifecycle transition not allowed from the current state
@@ -26,6 +27,10 @@ class InvalidRequestError(WarrenError):
 
 class AuthenticationError(WarrenError):
     """Missing or wrong credentials."""
+
+
+class ForbiddenError(WarrenError):
+    """The caller is authenticated but the node's configuration does not allow this."""
 
 
 class NotFoundError(WarrenError):

@@ -78,18 +78,29 @@ async def _run_with_signals(settings: Settings) -> None:
 
 
 async def _import_template(
-    repo: TemplateRepo, state_dir: Path, src: Path, name: str, runtime: str | None
+    repo: TemplateRepo,
+    state_dir: Path,
+    src: Path,
+    name: str,
+    runtime: str | None,
+    roots: tuple[Path, ...] | None = None,
 ) -> TemplateRecord:
+    """``roots``: the API's import roots (403 outside them); ``None`` for the node's own imports."""
     from .templates import import_template
+    from .templates.importer import check_import_root
 
-    if not src.is_absolute() or not await asyncio.to_thread(src.is_dir):
+    if not src.is_absolute():
+        raise InvalidRequestError(f"{src} is not an absolute path to a directory")
+    if roots is not None:
+        check_import_root(src, roots)
+    if not await asyncio.to_thread(src.is_dir):
         raise InvalidRequestError(f"{src} is not an absolute path to a directory")
     if await repo.find(name) is not None:
         raise ConflictError(f"template '{name}' exists already")
     kind = RuntimeKind(runtime) if runtime in {k.value for k in RuntimeKind} else RuntimeKind.RUNC
     if runtime is not None and runtime != kind.value:
         raise InvalidRequestError(f"unknown runtime {runtime!r}")
-    layer = await asyncio.to_thread(import_template, src, state_dir, name)
+    layer = await asyncio.to_thread(import_template, src, state_dir, name, roots=roots)
     cpu, mem = _BUILTIN_RESOURCES.get(name, (2, 512))
     record = TemplateRecord(
         id=new_sandbox_id().replace("i", "t", 1),
@@ -190,7 +201,9 @@ async def _serve_locked(
         builds.on_deleted = manager.forget_template
 
         async def import_template(src: Path, name: str, runtime: str | None) -> TemplateRecord:
-            return await _import_template(templates, settings.state_dir, src, name, runtime)
+            return await _import_template(
+                templates, settings.state_dir, src, name, runtime, settings.allowed_import_roots()
+            )
 
         services = Services(
             settings=settings,

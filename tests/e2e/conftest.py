@@ -24,7 +24,9 @@ def _need_root() -> None:
 @pytest.fixture(scope="session")
 def node(tmp_path_factory: pytest.TempPathFactory, patched_runsc: Path) -> Iterator[Node]:
     _need_root()
-    with running_node(tmp_path_factory.mktemp("node") / "state", runsc=patched_runsc) as n:
+    # Tests import rootfs copies they make under pytest's temp dir besides the built-in templates.
+    roots = {"WARREN_IMPORT_ROOTS": f"{DEFAULT_CACHE}:{tmp_path_factory.getbasetemp()}"}
+    with running_node(tmp_path_factory.mktemp("node") / "state", runsc=patched_runsc, extra_env=roots) as n:
         with n.client() as c:
             src = str(DEFAULT_CACHE / "templates" / "base" / "rootfs")
             r = c.post("/warren/templates/import", json={"path": src, "name": "base-gvisor", "runtime": "gvisor"})

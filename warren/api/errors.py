@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 from ..errors import (
     AuthenticationError,
     ConflictError,
+    ForbiddenError,
     HostError,
     InvalidRequestError,
     NotFoundError,
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 STATUS: dict[type[WarrenError], int] = {
     InvalidRequestError: 400,
     AuthenticationError: 401,
+    ForbiddenError: 403,
     NotFoundError: 404,
     ConflictError: 409,
     UnavailableError: 503,

@@ -51,7 +51,7 @@ _OPERATIONS: list[tuple[str, str, str, int, tuple[int, ...]]] = [
     ("get", "/templates/{templateID}/builds/{buildID}/status", "Build status and logs (logsOffset, limit)", 200,
      (400, 401, 404)),
     ("post", "/warren/images/pull", "Pull an image into a new template (NDJSON progress)", 200, (400, 401, 409)),
-    ("post", "/warren/templates/import", "Import a rootfs directory as a template", 201, (400, 401, 409)),
+    ("post", "/warren/templates/import", "Import a rootfs directory as a template", 201, (400, 401, 403, 409)),
     ("get", "/runtimes", "Runtimes by hash: class, default flag, prewarm state", 200, (401,)),
     ("post", "/warren/runtimes", "Register a runtime record in the durable index", 201, (400, 401, 500)),
     ("post", "/warren/runtimes/reload", "Re-read the node's runtime configs", 200, (400, 401, 500)),

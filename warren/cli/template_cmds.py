@@ -92,7 +92,14 @@ def rm(
 
 @template_app.command("import")
 def import_(
-    directory: Annotated[Path, typer.Argument(metavar="DIR", help="A root filesystem directory on the server's host.")],
+    directory: Annotated[
+        Path,
+        typer.Argument(
+            metavar="DIR",
+            help="A root filesystem directory on the server's host, under its import roots "
+            "(WARREN_IMPORT_ROOTS; default: the cache dir).",
+        ),
+    ],
     name: Annotated[str, typer.Option("--name", "-n", help="Template name to create.")],
     runtime: Annotated[str | None, typer.Option("--runtime", help="Runtime for its sandboxes: runc or gvisor.")] = None,
     url: UrlOption = None,

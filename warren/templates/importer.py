@@ -16,9 +16,10 @@ import contextlib
 import os
 import re
 import secrets
+from collections.abc import Sequence
 from pathlib import Path
 
-from warren.errors import HostError, InvalidRequestError, NotFoundError
+from warren.errors import ForbiddenError, HostError, InvalidRequestError, NotFoundError
 from warren.templates._fs import exclusive_lock, fsync_dir, remove_tree, run
 
 LAYERS = "layers"
@@ -29,17 +30,24 @@ COPY_TIMEOUT_S = 1800
 _SLUG_UNSAFE = re.compile(r"[^a-z0-9._-]+")
 
 
-def import_template(src_rootfs: Path, state_dir: Path, name: str) -> Path:
+def import_template(src_rootfs: Path, state_dir: Path, name: str, *, roots: Sequence[Path] | None = None) -> Path:
     """Copy ``src_rootfs`` to a new layer ``state_dir/layers/<layer-id>/`` and return its path.
 
     ``src_rootfs`` is a root filesystem directory, or a template directory (``template.json`` +
     ``rootfs/``), whose ``rootfs`` is then taken. The layer appears only complete (built under a
     temporary name, then renamed). ``name`` only seeds the layer id, ``<slug(name)>-<random>``.
 
-    Raises ``NotFoundError`` for a missing source, ``InvalidRequestError`` for one that is not a
-    root filesystem, ``HostError`` when copying fails.
+    With ``roots`` (the API's imports), the source and the rootfs taken from it must resolve to
+    directories inside one of them (:func:`check_import_root`); ``None`` is the node's own imports.
+
+    Raises ``ForbiddenError`` for a source outside ``roots``, ``NotFoundError`` for a missing source,
+    ``InvalidRequestError`` for one that is not a root filesystem, ``HostError`` when copying fails.
     """
+    if roots is not None:
+        src_rootfs = check_import_root(src_rootfs, roots)
     source = resolve_rootfs(src_rootfs)
+    if roots is not None:
+        source = check_import_root(source, roots)
     layers = state_dir / LAYERS
     try:
         layers.mkdir(parents=True, exist_ok=True)
@@ -62,6 +70,23 @@ def import_template(src_rootfs: Path, state_dir: Path, name: str) -> Path:
                 raise HostError(f"cannot import {source} as layer {layer_id}: {exc}") from exc
             raise
     return final
+
+
+def check_import_root(src: Path, roots: Sequence[Path]) -> Path:
+    """``src`` with ``..`` and symlinks resolved, if that is ``roots``' own or below one of them (also resolved).
+
+    Nothing about ``src`` beyond its resolved name is revealed: a missing path outside the roots is
+    refused like any other. Raises ``ForbiddenError`` naming the setting that widens the roots.
+    """
+    real = Path(os.path.realpath(src))
+    for root in roots:
+        if real.is_relative_to(os.path.realpath(root)):
+            return real
+    allowed = ":".join(str(r) for r in roots) or "(none)"
+    raise ForbiddenError(
+        f"{src} is outside the import roots ({allowed}); copy it under one of them, or add its directory "
+        "to WARREN_IMPORT_ROOTS (colon-separated) and restart the node"
+    )
 
 
 def resolve_rootfs(src: Path) -> Path:
