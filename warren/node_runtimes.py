@@ -17,6 +17,7 @@ from .runtime.index import RuntimeIndex
 from .runtime.reaper import ReapReport, reap_orphans
 from .runtime.records import RuntimeConfig
 from .runtime.registry import RuntimeRegistry, load_configs, local_configs
+from .runtime.userns import RangeAllocator
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +67,12 @@ async def start_runtimes(settings: Settings, agent_bundle: Path) -> NodeRuntimes
     backends = {
         RuntimeKind.RUNC: OciRuntime(
             RuntimeKind.RUNC, _binary("runc", None), settings.state_dir, agent_bundle, network,
-            cgroup_parent=cgroup_parent,
+            cgroup_parent=cgroup_parent, hardened=settings.hardening,
+            uid_ranges=RangeAllocator() if settings.hardening else None,
         ),
         RuntimeKind.GVISOR: OciRuntime(
             RuntimeKind.GVISOR, _binary("runsc", settings.runsc_path), settings.state_dir, agent_bundle, network,
-            cgroup_parent=cgroup_parent,
+            cgroup_parent=cgroup_parent, hardened=settings.hardening,
         ),
     }  # fmt: skip
     for kind, backend in backends.items():

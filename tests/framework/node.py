@@ -24,6 +24,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def searchable_ancestors(state_dir: Path) -> None:
+    """Let other users search (never list) the dirs above a test state dir, as /var/lib is: sandbox roots
+    are unprivileged uids that resolve their bundles under it (pytest makes its temp dirs 0700)."""
+    for parent in state_dir.absolute().parents:
+        mode = parent.stat().st_mode
+        if not mode & 0o001:
+            parent.chmod((mode & 0o7777) | 0o001)
+
+
 @dataclass
 class Node:
     state_dir: Path
@@ -51,6 +60,7 @@ class Node:
         return httpx.Client(base_url=self.url, headers={"X-API-Key": self.api_key}, timeout=60)
 
     def start(self, timeout: float = 120.0) -> None:
+        searchable_ancestors(self.state_dir)
         argv = [
             sys.executable, "-m", "warren.cli.main", "serve",
             "--listen", f"127.0.0.1:{self.port}",

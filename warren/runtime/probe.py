@@ -12,6 +12,7 @@ warren never modifies a runtime binary; it reports the problem instead.
 from __future__ import annotations
 
 import json
+import logging
 import resource
 import secrets
 import shutil
@@ -25,6 +26,8 @@ from warren.runtime.base import AGENT_MOUNT, RuntimeKind
 from warren.runtime.net.netns import delete_netns, netns_path
 from warren.runtime.oci.command import RuntimeCommandError, run_command
 from warren.runtime.oci.spec import AGENT_OOM_SCORE_ADJ
+
+log = logging.getLogger(__name__)
 
 __all__ = ["B1_MARKER", "agent_process_limits", "has_cap_sys_resource", "is_static_elf", "probe_runc", "probe_runsc"]
 
@@ -79,6 +82,18 @@ def agent_process_limits() -> tuple[int | None, int]:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     nofile = AGENT_NOFILE if privileged or hard == resource.RLIM_INFINITY else min(AGENT_NOFILE, hard)
     return (AGENT_OOM_SCORE_ADJ if privileged else None), nofile
+
+
+def pin_oom_score(pid: int | None, score: int) -> None:
+    """Set a sandbox init's OOM score from here, with CAP_SYS_RESOURCE: that also makes ``score`` the
+    floor for it and every process it starts (the kernel's oom_score_adj_min), so nothing inside can
+    lower it. runc's own write happens inside the user namespace and sets no floor."""
+    if pid is None:
+        return
+    try:
+        Path(f"/proc/{pid}/oom_score_adj").write_text(str(score))
+    except OSError as exc:
+        log.warning("could not set the OOM score of sandbox init %d: %s", pid, exc)
 
 
 async def _version(binary: Path) -> str:

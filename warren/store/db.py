@@ -7,6 +7,7 @@ connection guarded by a lock, executed in a worker thread so the loop never bloc
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -77,6 +78,10 @@ class Database:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
+            # Root's alone: it holds every access token and env var. SQLite gives the -wal and -shm
+            # files the database file's mode, so creating it 0600 first covers all three.
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            os.chmod(path, 0o600)
             self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             self._conn.row_factory = sqlite3.Row
             self._conn.execute("PRAGMA journal_mode=WAL")

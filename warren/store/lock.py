@@ -173,7 +173,7 @@ def _open_lock_file(path: Path) -> int:
     """Open without truncating: a contender must not wipe the holder's pid."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise HostError(f"cannot open instance lock {path}: {exc.strerror or exc}") from exc
 

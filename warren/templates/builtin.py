@@ -99,7 +99,7 @@ BUILTIN_TEMPLATES: tuple[BuiltinTemplate, ...] = (
     ),
     BuiltinTemplate(
         name="base",
-        recipe=1,
+        recipe=2,  # 2: sudo for `user`
         build=build_base_rootfs,
         source=lambda: f"debootstrap --variant=minbase {SUITE} {host_debian_mirror()}",
     ),

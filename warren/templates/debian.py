@@ -20,7 +20,7 @@ SUITE = "bookworm"
 """The base template's release, fixed: it does not follow the host's (which may be newer)."""
 
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
-PACKAGES = ("bash", "coreutils", "procps", "python3", "ca-certificates")
+PACKAGES = ("bash", "coreutils", "procps", "python3", "ca-certificates", "sudo")
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 """Copied into the rootfs so TLS through the host's intercepting proxy (PyPI) verifies."""
 
@@ -36,7 +36,8 @@ def build_base_rootfs(dest: Path, *, mirror: str | None = None) -> None:
     """Debootstrap the base rootfs into ``dest`` (which must not exist or be empty). Needs root.
 
     After debootstrap: the host's CA bundle replaces the rootfs's, ``user`` (uid/gid 1000, home
-    ``/home/user``, shell ``/bin/bash``, no sudo) is added, and apt's caches and lists are removed.
+    ``/home/user``, shell ``/bin/bash``, ``sudo`` without a password as in E2B's base image) is
+    added, and apt's caches and lists are removed.
     """
     if os.geteuid() != 0:
         raise HostError("building the base template needs root (debootstrap, chroot)")
@@ -86,6 +87,12 @@ def _finish_base_rootfs(dest: Path) -> None:
         timeout=60,
         env=_tool_env(),
     )
+    sudoers = dest / "etc/sudoers.d/user"
+    try:
+        sudoers.write_text("user ALL=(ALL:ALL) NOPASSWD: ALL\n")
+        os.chmod(sudoers, 0o440)
+    except OSError as exc:
+        raise HostError(f"cannot write {sudoers}: {exc}") from exc
     clean_apt(dest)
 
 

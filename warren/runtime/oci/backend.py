@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import weakref
 from dataclasses import replace
 from pathlib import Path
@@ -25,10 +26,11 @@ from warren.runtime.oci.cli import RuntimeCli
 from warren.runtime.oci.command import run_command
 from warren.runtime.oci.layout import SandboxPaths, SandboxRecord, validate_sandbox_id, write_etc_files
 from warren.runtime.oci.snapshots import copy_tree
-from warren.runtime.oci.spec import ConfigInputs, build_config
+from warren.runtime.oci.spec import SANDBOX_OOM_SCORE_ADJ, ConfigInputs, build_config
 from warren.runtime.oci.steps import load_record, read_pid, remove_tree, undo_step
-from warren.runtime.probe import agent_process_limits
+from warren.runtime.probe import agent_process_limits, pin_oom_score
 from warren.runtime.rootfs import is_mountpoint, mount_overlay, unmount
+from warren.runtime.userns import IdmappedLayers, RangeAllocator, UidRange, from_neutral
 
 __all__ = ["RUNSC_HOST_TASKS", "RUN_TIMEOUT", "OciBackendBase"]
 
@@ -56,6 +58,8 @@ class OciBackendBase:
         cgroup_parent: str = "warren",
         platform: str = "ptrace",
         cgroups: CgroupHierarchies | None = None,
+        hardened: bool = True,
+        uid_ranges: RangeAllocator | None = None,
     ) -> None:
         self.kind = kind
         self.binary = binary
@@ -72,6 +76,10 @@ class OciBackendBase:
         self._records: dict[str, SandboxRecord] = {}
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._oom_score_adj, self._nofile = agent_process_limits()
+        self.hardened = hardened
+        self._uid_ranges = uid_ranges if kind is RuntimeKind.RUNC else None
+        """Per-sandbox user namespaces (runc only; gVisor's sentry is its own user-space kernel)."""
+        self._userns_reason = "" if self._uid_ranges is not None else "not asked for"
 
     def _cli_for(self, record: SandboxRecord | None) -> RuntimeCli:
         """The CLI of the runtime a sandbox was made with (seed 003: it never changes under a sandbox)."""
@@ -107,14 +115,22 @@ class OciBackendBase:
             except FileExistsError as exc:
                 raise ConflictError(f"sandbox {spec.sandbox_id} already exists on this node") from exc
             undo.push_async_callback(undo_step, "files", self._remove_dir, paths.root)
+            rng = self._allocate_range()
+            if rng is not None:
+                undo.callback(self._release_range, rng)
+                os.chown(paths.root, rng.host, rng.host)
+            paths.root.chmod(0o700)
             if upper_from is None:
                 paths.upper.mkdir()
-            else:
-                took = await copy_tree(upper_from, paths.upper)
+            else:  # snapshots hold 0-based owners; shift them into this sandbox's range
+                took = await copy_tree(upper_from, paths.upper, owner=from_neutral(rng))
                 _log.debug("restore %s: upper copied in %.1f ms", spec.sandbox_id, took * 1000)
             for d in (paths.work, paths.rootfs):
                 d.mkdir(parents=True)
-            handle = await self._launch(spec, paths, undo, restore=image)
+            if rng is not None:
+                for d in (paths.upper, paths.work, paths.bundle, paths.rootfs):
+                    os.chown(d, rng.host, rng.host)
+            handle = await self._launch(spec, paths, undo, restore=image, uid_range=rng)
             undo.pop_all()
         return handle
 
@@ -128,7 +144,7 @@ class OciBackendBase:
             undo.push_async_callback(undo_step, "network", self._network.destroy, net)
             record = replace(record, network=net, paused=None)
             record.save(paths.record)
-            write_etc_files(paths.etc, sid, net.guest_ip, self._network.dns_servers)
+            write_etc_files(paths.etc, sid, net.guest_ip, self._network.dns_servers, record.uid_range)
             handle = await self._run(paths, record, undo, restore=image)
             undo.pop_all()
         return handle
@@ -164,20 +180,20 @@ class OciBackendBase:
         self._save(paths, record)
 
     async def _launch(self, spec: SandboxSpec, paths: SandboxPaths, undo: contextlib.AsyncExitStack,
-                      *, restore: Path | None) -> SandboxHandle:
+                      *, restore: Path | None, uid_range: UidRange | None) -> SandboxHandle:
         """Network, overlay (unless mounted), bundle, then ``run`` or ``restore``; undo steps go on ``undo``."""
         sid = spec.sandbox_id
         net = await self._network.create(sid, allow_internet=spec.allow_internet)
         undo.push_async_callback(undo_step, "network", self._network.destroy, net)
         binary = str(spec.runtime_binary) if spec.runtime_binary else None
-        record = SandboxRecord(sid, self.kind, spec.resources, net, binary=binary)
+        record = SandboxRecord(sid, self.kind, spec.resources, net, binary=binary, uid_range=uid_range)
         record.save(paths.record)
         if not is_mountpoint(paths.rootfs):
             layers = [Path(p) for p in spec.layers]
             if not layers:
                 paths.empty_lower.mkdir(exist_ok=True)
                 layers = [paths.empty_lower]
-            mount_overlay(layers, paths.upper, paths.work, paths.rootfs)
+            self._mount_rootfs(layers, paths, uid_range)
             undo.push_async_callback(undo_step, "overlay", self._unmount, paths.rootfs)
         config = build_config(self._config_inputs(spec, paths, record))
         (paths.bundle / "config.json").write_text(json.dumps(config, indent=1))
@@ -197,8 +213,34 @@ class OciBackendBase:
             argv = cli.argv("run", "-d" if self.kind is RuntimeKind.RUNC else "--detach", *bundle_args)
         result = await run_command(argv, timeout=RUN_TIMEOUT[self.kind], output=paths.log)
         _log.debug("%s %s: %.1f ms", "restore" if restore else "run", sid, result.duration * 1000)
+        if self.hardened:
+            pin_oom_score(read_pid(paths.pid_file), SANDBOX_OOM_SCORE_ADJ)
         self._records[sid] = record
         return self._handle(record, paths)
+
+    @staticmethod
+    def _mount_rootfs(layers: list[Path], paths: SandboxPaths, uid_range: UidRange | None) -> None:
+        """The overlay at ``paths.rootfs``; in a user namespace its layers are seen through idmapped
+        views of ``uid_range`` (detached mounts that the overlay alone keeps alive)."""
+        if uid_range is None:
+            mount_overlay(layers, paths.upper, paths.work, paths.rootfs)
+            return
+        with IdmappedLayers(layers, uid_range) as views:
+            mount_overlay(views.paths, paths.upper, paths.work, paths.rootfs)
+
+    def _allocate_range(self) -> UidRange | None:
+        return self._uid_ranges.allocate() if self._uid_ranges is not None else None
+
+    def _release_range(self, rng: UidRange | None) -> None:
+        if self._uid_ranges is not None:
+            self._uid_ranges.release(rng)
+
+    def userns_status(self) -> dict[str, Any]:
+        """How this backend isolates sandbox root, for ``/health``."""
+        if self._uid_ranges is None:
+            return {"mode": "off", "reason": self._userns_reason}
+        return {"mode": "per-sandbox", "range_size": 65536, "base": self._uid_ranges.base,
+                "in_use": self._uid_ranges.in_use()}
 
     def _config_inputs(self, spec: SandboxSpec, paths: SandboxPaths, record: SandboxRecord) -> ConfigInputs:
         assert record.network is not None
@@ -206,7 +248,8 @@ class OciBackendBase:
         if self.kind is RuntimeKind.GVISOR:
             # The host pids cgroup counts the sentry's threads too; exceeding it stops the whole sandbox.
             resources = replace(resources, pids_max=resources.pids_max + RUNSC_HOST_TASKS)
-        etc = write_etc_files(paths.etc, spec.sandbox_id, record.network.guest_ip, self._network.dns_servers)
+        etc = write_etc_files(paths.etc, spec.sandbox_id, record.network.guest_ip, self._network.dns_servers,
+                              record.uid_range)
         return ConfigInputs(
             hostname=spec.sandbox_id,
             rootfs=paths.rootfs,
@@ -218,7 +261,9 @@ class OciBackendBase:
             args=AGENT_ARGV,
             env={**agent_environment(), **spec.agent_env},
             nofile=self._nofile,
-            oom_score_adj=self._oom_score_adj,
+            oom_score_adj=SANDBOX_OOM_SCORE_ADJ if self.hardened else self._oom_score_adj,
+            hardened=self.hardened,
+            uid_range=record.uid_range,
         )
 
     async def _release(self, record: SandboxRecord, paths: SandboxPaths, *, paused: PauseMode | None = None) -> None:

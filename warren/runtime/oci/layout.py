@@ -29,6 +29,7 @@ from typing import Any
 from warren.errors import InvalidRequestError
 from warren.runtime.base import PauseMode, Resources, RuntimeKind
 from warren.runtime.net.manager import SandboxNetwork
+from warren.runtime.userns import UidRange
 
 __all__ = ["SandboxPaths", "SandboxRecord", "validate_sandbox_id", "write_etc_files"]
 
@@ -100,6 +101,8 @@ class SandboxRecord:
     paused: PauseMode | None = None
     binary: str | None = None
     """The runtime CLI this sandbox was made with (its runtime hash's staged binary); None: the backend's."""
+    uid_range: UidRange | None = None
+    """The host range its user namespace maps 0..65535 to (its upper dir is owned in it); None: none."""
 
     def to_json(self) -> str:
         return json.dumps({
@@ -110,6 +113,7 @@ class SandboxRecord:
             "network": self.network.to_dict() if self.network else None,
             "paused": str(self.paused) if self.paused else None,
             "binary": self.binary,
+            "uid_host": self.uid_range.host if self.uid_range else None,
         })
 
     @classmethod
@@ -124,6 +128,7 @@ class SandboxRecord:
             network=SandboxNetwork.from_dict(data["network"]) if data.get("network") else None,
             paused=PauseMode(data["paused"]) if data.get("paused") else None,
             binary=data.get("binary"),
+            uid_range=UidRange(int(data["uid_host"])) if data.get("uid_host") is not None else None,
         )
 
     def save(self, path: Path) -> None:
@@ -136,9 +141,15 @@ class SandboxRecord:
         os.replace(tmp, path)
 
 
-def write_etc_files(etc: Path, hostname: str, guest_ip: str, nameservers: tuple[str, ...]) -> dict[str, Path]:
-    """Write hosts, resolv.conf and hostname for one sandbox; return ``{in-sandbox path: host file}``."""
-    etc.mkdir(exist_ok=True)
+def write_etc_files(etc: Path, hostname: str, guest_ip: str, nameservers: tuple[str, ...],
+                    owner: UidRange | None = None) -> dict[str, Path]:
+    """Write hosts, resolv.conf and hostname for one sandbox; return ``{in-sandbox path: host file}``.
+
+    With ``owner`` they belong to the sandbox's root (its runtime bind-mounts them from inside its
+    user namespace, where host root's files are out of reach)."""
+    etc.mkdir(mode=0o700, exist_ok=True)
+    if owner is not None:
+        os.chown(etc, owner.host, owner.host)
     files = {
         "hosts": (
             "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
@@ -150,5 +161,7 @@ def write_etc_files(etc: Path, hostname: str, guest_ip: str, nameservers: tuple[
     out = {}
     for name, text in files.items():
         (etc / name).write_text(text)
+        if owner is not None:
+            os.chown(etc / name, owner.host, owner.host)
         out[f"/etc/{name}"] = etc / name
     return out

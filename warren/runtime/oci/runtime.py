@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
@@ -68,6 +69,7 @@ from warren.runtime.oci.snapshots import (
 from warren.runtime.oci.steps import as_runtime_failure, load_record, read_pid, remove_tree, undo_step
 from warren.runtime.probe import probe_runc, probe_runsc
 from warren.runtime.rootfs import directory_usage
+from warren.runtime.userns import probe_idmapped_mounts, to_neutral, unsearchable_ancestor
 
 __all__ = ["OciRuntime"]
 
@@ -87,7 +89,20 @@ class OciRuntime(OciBackendBase):
     async def setup(self) -> Mapping[str, Any]:
         """Create the state dirs and run the startup probe; returns (and caches) the probe result."""
         for d in (self._root, self._sandboxes):
-            d.mkdir(parents=True, exist_ok=True)
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Searchable, not listable: a sandbox's runtime resolves its bundle paths from inside its user
+        # namespace, as its range's root; each sandbox dir below is 0700 and owned by that range.
+        self._sandboxes.chmod(0o711)
+        self._root.chmod(0o700)
+        if self._uid_ranges is not None:
+            blocked = unsearchable_ancestor(self.state_dir)
+            reason = (f"{blocked} is not searchable by other users, so a sandbox's root cannot reach its "
+                      f"bundle under the state dir: chmod o+x {blocked}") if blocked else ""
+            reason = reason or await asyncio.to_thread(
+                probe_idmapped_mounts, self.state_dir / "probe" / f"idmap-{os.getpid()}")
+            if reason:
+                _log.warning("runc sandboxes run without user namespaces: %s", reason)
+                self._uid_ranges, self._userns_reason = None, reason
         if self.kind is RuntimeKind.RUNC:
             result = await probe_runc(self.binary)
         else:
@@ -96,6 +111,8 @@ class OciRuntime(OciBackendBase):
                 netns_prefix=self._network.config.netns_prefix, agent_bundle=self.agent_bundle,
             )
         result["oom_protected_agent"] = self._oom_score_adj is not None
+        result["hardened"] = self.hardened
+        result["userns"] = self.userns_status()
         self._probe = result
         return result
 
@@ -121,6 +138,8 @@ class OciRuntime(OciBackendBase):
                 continue
             if record.network is not None:
                 self._network.adopt(record.network)
+            if record.uid_range is not None and self._uid_ranges is not None:
+                self._uid_ranges.adopt(record.uid_range)
             self._records[record.sandbox_id] = record
             ids.append(record.sandbox_id)
         return ids
@@ -171,6 +190,8 @@ class OciRuntime(OciBackendBase):
             if errors:
                 raise RuntimeFailure(f"stopping sandbox {sandbox_id} left resources: {'; '.join(errors)}")
             self._records.pop(sandbox_id, None)
+            if record is not None:
+                self._release_range(record.uid_range)
 
     async def state(self, sandbox_id: str) -> str | None:
         """``running``, ``paused`` or ``stopped``; None when neither warren nor the runtime knows the id."""
@@ -254,7 +275,7 @@ class OciRuntime(OciBackendBase):
             restore = paths.checkpoint if record.paused is PauseMode.MEMORY else None
             async with contextlib.AsyncExitStack() as undo:
                 undo.push_async_callback(undo_step, "record", self._save_async, paths, record)
-                handle = await self._launch(spec, paths, undo, restore=restore)
+                handle = await self._launch(spec, paths, undo, restore=restore, uid_range=record.uid_range)
                 undo.pop_all()
             if restore is not None:
                 await asyncio.to_thread(remove_tree, restore)
@@ -332,7 +353,7 @@ class OciRuntime(OciBackendBase):
             memory = record.paused is PauseMode.MEMORY and not self._freezes(record.paused)
             if memory:
                 await copy_tree(paths.checkpoint, dest / CHECKPOINT)
-            await copy_tree(paths.upper, dest / UPPER)
+            await copy_tree(paths.upper, dest / UPPER, owner=to_neutral(record.uid_range))
             return memory, None
         if record.network is None:  # a failed checkpoint or restore left it without processes
             raise InvalidStateError(f"sandbox {sid} is not running")
@@ -340,7 +361,7 @@ class OciRuntime(OciBackendBase):
             return True, await self._checkpoint_copy_restore(record, paths, dest)
         await run_command(self._cli_of(sid).argv("pause", sid), timeout=CLI_TIMEOUT)
         try:
-            await copy_tree(paths.upper, dest / UPPER)
+            await copy_tree(paths.upper, dest / UPPER, owner=to_neutral(record.uid_range))
         finally:
             await run_command(self._cli_of(sid).argv("resume", sid), timeout=CLI_TIMEOUT)
         return False, self._handle(record, paths)

@@ -19,9 +19,12 @@ of whiteouts: overlayfs hard-links them to one shared inode in its work dir, and
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import stat
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -119,12 +122,31 @@ def clear_dir(dest: Path) -> None:
                 child.unlink()
 
 
-async def copy_tree(src: Path, dst: Path) -> float:
+async def copy_tree(src: Path, dst: Path, *, owner: Callable[[int, int], tuple[int, int]] | None = None) -> float:
     """Copy directory ``src`` to ``dst`` (which must not exist) with ``cp -a --reflink=auto``; return
-    the seconds it took. A failure raises ``RuntimeFailure`` and may leave a partial ``dst``."""
+    the seconds it took. ``owner`` maps each (uid, gid) of the copy. A failure raises ``RuntimeFailure``
+    and may leave a partial ``dst``."""
     result = await run_command(["cp", "-a", "--reflink=auto", "--no-target-directory", "--", src, dst],
                                timeout=COPY_TIMEOUT)
+    if owner is not None:
+        await asyncio.to_thread(_map_owners, dst, owner)
     return result.duration
+
+
+def _map_owners(root: Path, owner: Callable[[int, int], tuple[int, int]]) -> None:
+    """lchown every entry under ``root`` through ``owner`` (iteratively; symlinks are not followed)."""
+    stack = [str(root)]
+    while stack:
+        path = stack.pop()
+        st = os.lstat(path)
+        uid, gid = owner(st.st_uid, st.st_gid)
+        mode = stat.S_IMODE(st.st_mode)
+        os.lchown(path, uid, gid)
+        if mode & (stat.S_ISUID | stat.S_ISGID) and not stat.S_ISLNK(st.st_mode):
+            os.chmod(path, mode)  # chown clears setuid/setgid bits
+        if stat.S_ISDIR(st.st_mode):
+            with os.scandir(path) as entries:
+                stack.extend(e.path for e in entries)
 
 
 @dataclass(frozen=True)

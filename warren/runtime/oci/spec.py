@@ -11,8 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from warren.runtime.base import AGENT_MOUNT, Resources
+from warren.runtime.oci.seccomp import seccomp_profile
+from warren.runtime.userns import UidRange
 
-__all__ = ["AGENT_OOM_SCORE_ADJ", "CPU_PERIOD_US", "DEFAULT_CAPABILITIES", "ConfigInputs", "build_config"]
+__all__ = [
+    "AGENT_OOM_SCORE_ADJ", "CPU_PERIOD_US", "DEFAULT_CAPABILITIES", "HARDENED_CAPABILITIES", "SANDBOX_OOM_SCORE_ADJ",
+    "ConfigInputs", "build_config",
+]
 
 OCI_VERSION = "1.0.2"
 
@@ -27,7 +32,18 @@ DEFAULT_CAPABILITIES = (
     "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_SYS_CHROOT", "CAP_MKNOD", "CAP_AUDIT_WRITE",
     "CAP_SETFCAP",
 )
-"""Docker's default set: enough for the root agent to switch users, nothing that reaches the host."""
+"""Docker's default set: what an unhardened sandbox (``hardened=False``, benchmarks only) gets."""
+
+HARDENED_CAPABILITIES = (
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
+    "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_AUDIT_WRITE",
+)
+"""What the agent, ``su`` and ``sudo`` need to switch users and own files, all held in the sandbox's own
+user namespace (nothing on the host): no MKNOD, NET_RAW, SETFCAP, SYS_ADMIN, SYS_MODULE, ..."""
+
+SANDBOX_OOM_SCORE_ADJ = 500
+"""A hardened sandbox's processes, agent included, are the host OOM killer's first choice; set by runc
+with privilege, so nothing inside can go below it (lowering needs CAP_SYS_RESOURCE on the host)."""
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -35,8 +51,21 @@ _MASKED_PATHS = (
     "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
     "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi",
 )
+_HARDENED_MASKED_PATHS = (
+    "/proc/interrupts", "/proc/kmsg", "/sys/devices/virtual/powercap", "/sys/fs/cgroup", "/sys/fs/bpf",
+    "/sys/fs/fuse", "/sys/fs/pstore", "/sys/kernel/debug", "/sys/kernel/tracing", "/sys/kernel/security",
+    "/sys/kernel/config", "/sys/module",
+)
+"""Host data a sandbox has no use for: energy counters (power side channels), other cgroups (every
+sandbox id), tracing, kernel logs, module parameters."""
 _READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 MIB = 1024 * 1024
+
+_SYS_MOUNT = {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}
+_SYS_BIND = {"destination": "/sys", "type": "bind", "source": "/sys",
+             "options": ["rbind", "nosuid", "noexec", "nodev", "ro"]}
+"""In a user namespace that does not own the netns, sysfs cannot be mounted: the host's is bound read-only
+(recursively: its submounts are locked to it), with the host's parts masked (_HARDENED_MASKED_PATHS)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +87,10 @@ class ConfigInputs:
     """RLIMIT_NOFILE (soft = hard); above the host process's own hard limit it needs CAP_SYS_RESOURCE."""
     oom_score_adj: int | None = AGENT_OOM_SCORE_ADJ
     """None leaves the runtime's own score (0); lowering it needs CAP_SYS_RESOURCE on the host."""
+    hardened: bool = True
+    """seccomp allowlist, cgroup namespace, fewer capabilities, more masked paths (off: benchmarks only)."""
+    uid_range: UidRange | None = None
+    """The host range of a user namespace (uid/gid 0..65535 inside); None: no user namespace."""
 
 
 def _mounts(inp: ConfigInputs) -> list[dict[str, Any]]:
@@ -70,7 +103,7 @@ def _mounts(inp: ConfigInputs) -> list[dict[str, Any]]:
          "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
         {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
          "options": ["nosuid", "nodev", "mode=1777", shm_size]},
-        {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+        _SYS_BIND if inp.uid_range is not None else _SYS_MOUNT,
         {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
         {"destination": AGENT_MOUNT, "type": "bind", "source": str(inp.agent_bundle),
          "options": ["rbind", "ro", "nosuid", "nodev"]},
@@ -93,7 +126,7 @@ def _resources(res: Resources) -> dict[str, Any]:
 
 def build_config(inp: ConfigInputs) -> dict[str, Any]:
     """The ``config.json`` document for one sandbox running the agent as root."""
-    caps = list(DEFAULT_CAPABILITIES)
+    caps = list(HARDENED_CAPABILITIES if inp.hardened else DEFAULT_CAPABILITIES)
     env = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", **inp.env}
     config: dict[str, Any] = {
         "ociVersion": OCI_VERSION,
@@ -105,7 +138,8 @@ def build_config(inp: ConfigInputs) -> dict[str, Any]:
             "cwd": "/",
             "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": inp.nofile, "soft": inp.nofile}],
-            # False: sudo and other setuid tools inside the sandbox must keep working.
+            # False: sudo and other setuid tools inside the sandbox must keep working; in a user namespace
+            # their root is the sandbox's unprivileged range, not host root.
             "noNewPrivileges": False,
         },
         "root": {"path": str(inp.rootfs), "readonly": False},
@@ -124,4 +158,13 @@ def build_config(inp: ConfigInputs) -> dict[str, Any]:
     }
     if inp.oom_score_adj is not None:
         config["process"]["oomScoreAdj"] = inp.oom_score_adj
+    linux = config["linux"]
+    if inp.hardened:
+        linux["namespaces"].append({"type": "cgroup"})
+        linux["maskedPaths"] += list(_HARDENED_MASKED_PATHS)
+        linux["seccomp"] = seccomp_profile()
+    if inp.uid_range is not None:
+        linux["namespaces"].insert(0, {"type": "user"})
+        linux["uidMappings"] = inp.uid_range.mapping
+        linux["gidMappings"] = inp.uid_range.mapping
     return config
