@@ -11,7 +11,9 @@ a section that fails records ``{"error": ...}`` and the others still run:
 * ``templates`` (bench/templates.py): image pulls vs skopeo, shared-base pull, SDK template builds;
 * ``lifecycle`` (bench/lifecycle.py): pause, resume, snapshot, fork vs bare runtime verbs; warm pool;
 * ``node`` (bench/node.py): server RSS / threads idle and with 50 sandboxes, default and capped;
-  shutdown time at two concurrencies.
+  shutdown time at two concurrencies;
+* ``hardening`` (bench/hardening.py): runc create-to-first-command, pause and resume on two nodes,
+  hardening on vs off (``WARREN_HARDENING``), interleaved; the idmapped-mount step alone.
 
 ``leftovers`` lists anything the benchmark's nodes left on the host (it should be empty). Numbers
 are wall-clock on a possibly shared host: ``machine.loadavg_*`` says how busy it was.
@@ -38,8 +40,11 @@ TARGETS = {
     "gvisor_resume_vs_bare_restore_p50_ratio": "<= 1.3",
     "runc_pause_p50_ms": "< 20",
     "runc_resume_p50_ms": "< 20",
+    "hardening_create_to_first_command_on_vs_off_p50_ratio": "<= 1.1",
+    "hardening_pause_on_vs_off_p50_ratio": "<= 1.1",
+    "hardening_resume_on_vs_off_p50_ratio": "<= 1.1",
 }
-SECTIONS = ("sandboxes", "templates", "lifecycle", "node")
+SECTIONS = ("sandboxes", "templates", "lifecycle", "node", "hardening")
 
 
 def _machine() -> dict[str, Any]:
@@ -125,6 +130,10 @@ def main() -> None:
             from bench.node import run_node
 
             results["node"] = section(lambda: run_node(work / "nodes", runsc, scale))
+        if "hardening" in only:
+            from bench.hardening import run_hardening
+
+            results["hardening"] = section(lambda: run_hardening(work / "hardening", rootfs, scale))
         cleanup_bare_cgroups()
         report["leftovers"] = leftovers(work, baseline)
         if report["leftovers"]:

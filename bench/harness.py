@@ -132,7 +132,9 @@ def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.
 def _our_ids(root: Path) -> set[str]:
     ids: set[str] = set()
     for log in root.rglob("*-node.log"):
-        ids.update(SANDBOX_ID.findall(log.read_text(errors="replace")))
+        for line in log.read_text(errors="replace").splitlines():
+            if "left alone:" not in line:  # the reaper naming another node's sandboxes
+                ids.update(SANDBOX_ID.findall(line))
     for sandboxes in root.rglob("sandboxes"):
         if sandboxes.is_dir():
             ids.update(p.name for p in sandboxes.iterdir())

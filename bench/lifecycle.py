@@ -47,6 +47,22 @@ def _fork(sbx: Any, count: int) -> tuple[float, float]:
                 c.kill()
 
 
+def pause_resume_once(sbx: Any) -> tuple[Any, float, float, float]:
+    """``sbx.pause()``, then ``Sandbox.connect`` until the first ``commands.run("true")`` answers.
+
+    Returns the connected sandbox and the seconds of the pause, the connect call, and connect +
+    first command (*resume*). ``connect`` reads the node from the SDK's environment (E2B_API_URL ...).
+    """
+    from e2b import Sandbox
+
+    t_pause = timed(sbx.pause)
+    t0 = time.perf_counter()
+    sbx = Sandbox.connect(sbx.sandbox_id, timeout=600)
+    t_connect = time.perf_counter() - t0
+    sbx.commands.run("true")
+    return sbx, t_pause, t_connect, time.perf_counter() - t0
+
+
 def sdk_lifecycle(template: str, n: int, n_fork: int) -> dict[str, Any]:
     from e2b import Sandbox
 
@@ -56,12 +72,10 @@ def sdk_lifecycle(template: str, n: int, n_fork: int) -> dict[str, Any]:
     try:
         sbx.commands.run("true")
         for _ in range(n):
-            pause.append(timed(sbx.pause))
-            t0 = time.perf_counter()
-            sbx = Sandbox.connect(sbx.sandbox_id, timeout=600)
-            connect.append(time.perf_counter() - t0)
-            sbx.commands.run("true")
-            resume.append(time.perf_counter() - t0)
+            sbx, t_pause, t_connect, t_resume = pause_resume_once(sbx)
+            pause.append(t_pause)
+            connect.append(t_connect)
+            resume.append(t_resume)
         for _ in range(n):
             t0 = time.perf_counter()
             info = sbx.create_snapshot()

@@ -22,6 +22,7 @@ def summary_ms(samples_s: list[float]) -> dict[str, Any]:
     return {
         "n": len(ms),
         "p50_ms": round(percentile(ms, 50), 2),
+        "p90_ms": round(percentile(ms, 90), 2),
         "p99_ms": round(percentile(ms, 99), 2),
         "mean_ms": round(statistics.fmean(ms), 2) if ms else None,
         "min_ms": round(min(ms), 2) if ms else None,

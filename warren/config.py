@@ -48,6 +48,29 @@ class Settings:
     """A RUN step still running after this long is killed and fails its build."""
     start_ready_timeout_s: float = 30.0
     """How long sandbox creation waits for a template's ready command to succeed."""
+    max_sandboxes: int = 100
+    """Sandboxes holding CPU and memory at once (creating, running, pausing, resuming; 0: no cap).
+    Paused sandboxes do not count, as in E2B; resuming one takes a slot again. Over it, create,
+    resume and fork answer 429. Warm-pool spares fill only the free slots and give theirs up to a create."""
+    pull_concurrency: int = 2
+    """Image pulls that run at once (API pulls and builds from an image); later ones wait their turn."""
+    max_layer_bytes: int = 8 << 30
+    """Largest compressed image layer a pull accepts, counted as it downloads."""
+    max_layer_unpacked_bytes: int = 16 << 30
+    """Largest uncompressed image layer (tar stream) a pull accepts, counted as it unpacks."""
+    max_upload_bytes: int = 4 << 30
+    """Largest build-context upload (``PUT /warren/uploads/...``); over it: 413."""
+    min_cpu: int = 1
+    max_cpu: int = 8
+    """Bounds of a template's ``cpuCount`` (E2B: at least 1, at most the team's limit, 8 by default)."""
+    min_memory_mb: int = 128
+    max_memory_mb: int = 8192
+    """Bounds of a template's ``memoryMB`` in MiB (E2B: at least 128, at most the team's limit)."""
+    http_header_timeout_s: float = 10.0
+    """A connection that has not sent a complete request head this long after connecting (or after
+    the first byte of its next request) is closed: slow-loris clients cannot hold descriptors."""
+    http_max_concurrency: int = 1024
+    """Open HTTP connections or running requests above which new requests get 503."""
     import_roots: tuple[Path, ...] = ()
     """Directories ``/warren/templates/import`` may read from (``WARREN_IMPORT_ROOTS``, colon-separated);
     empty: the cache dir only. See :meth:`allowed_import_roots`."""
@@ -89,6 +112,18 @@ _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
     "WARREN_REGISTRY_MIRRORS": ("registry_mirrors", lambda text: parse_mirrors(text)),
     "WARREN_INSECURE_REGISTRIES": ("insecure_registries", _csv),
     "WARREN_REGISTRY_AUTH": ("registry_auth_file", Path),
+    "WARREN_MAX_SANDBOXES": ("max_sandboxes", int),
+    "WARREN_PULL_CONCURRENCY": ("pull_concurrency", int),
+    "WARREN_BUILD_CONCURRENCY": ("build_concurrency", int),
+    "WARREN_MAX_LAYER_BYTES": ("max_layer_bytes", int),
+    "WARREN_MAX_LAYER_UNPACKED_BYTES": ("max_layer_unpacked_bytes", int),
+    "WARREN_MAX_UPLOAD_BYTES": ("max_upload_bytes", int),
+    "WARREN_MIN_CPU": ("min_cpu", int),
+    "WARREN_MAX_CPU": ("max_cpu", int),
+    "WARREN_MIN_MEMORY_MB": ("min_memory_mb", int),
+    "WARREN_MAX_MEMORY_MB": ("max_memory_mb", int),
+    "WARREN_HTTP_HEADER_TIMEOUT_S": ("http_header_timeout_s", float),
+    "WARREN_HTTP_MAX_CONCURRENCY": ("http_max_concurrency", int),
     "WARREN_IMPORT_ROOTS": ("import_roots", _paths),
 }
 """Environment variable → (Settings field, parser), applied by :meth:`Settings.from_env`."""

@@ -22,6 +22,7 @@ import uvicorn
 from .aio import wait_event_or_task
 from .api import Services, create_app
 from .api.auth import load_or_create_api_key
+from .api.httpguard import guarded_http_protocol
 from .config import Settings
 from .errors import ConflictError, InvalidRequestError
 from .footprint import FootprintCaps, apply_footprint_caps
@@ -232,6 +233,8 @@ async def _serve_locked(
         )
         server = _Server(config)
         try:
+            # Request-head timeout (slow loris) and a JSON 503 over the concurrency cap: api/httpguard.py.
+            http=guarded_http_protocol(settings.http_header_timeout_s, settings.http_max_concurrency),
             async with asyncio.TaskGroup() as group:
                 serving = group.create_task(server.serve(), name="http-server")
                 timers = group.create_task(manager.run_timers(), name="ttl-timers")

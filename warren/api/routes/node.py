@@ -29,6 +29,10 @@ async def health(request: Request) -> Response:
 
 
 async def openapi(request: Request) -> Response:
+            "limits": {
+                "sandboxes": svc.manager.limits(),
+                **(svc.builds.limits() if svc.builds is not None else {}),
+            },
     return JSONResponse(OPENAPI)
 
 
