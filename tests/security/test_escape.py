@@ -8,7 +8,6 @@ kernel, so there "contained" means the host is untouched, which is asserted dire
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import subprocess
 import time
@@ -130,7 +129,8 @@ def test_state_dir_is_sealed(node: Node) -> None:
         if not ok:
             bad.append(f"{path} {oct(mode)}")
     assert not bad, bad
-    assert (node.state_dir / "api-key").stat().st_mode & 0o777 == 0o600
+    key = node.state_dir / "api-key"  # absent when WARREN_API_KEY gives the key
+    assert not key.exists() or key.stat().st_mode & 0o777 == 0o600
     db = next(node.state_dir.glob("*.db"))
     assert db.stat().st_mode & 0o077 == 0
 
@@ -149,6 +149,8 @@ def test_sudo_and_ownership_inside(sbx: Sandbox, runtime: str) -> None:
               "['/etc/passwd', '/home/user', os.path.expanduser('~/mine')])))")
     out = sbx.commands.run(f"id -u; touch ~/mine; python3 -c \"{owners}\"").stdout
     assert out.split() == ["1000", "0:0", "1000:1000", "1000:1000"], out
+    if runtime == "gvisor":
+        pytest.skip("this runsc always sets no_new_privs ('noNewPrivileges ignored. PR_SET_NO_NEW_PRIVS is "
+                    "assumed to always be set'), so setuid sudo cannot raise privileges under gVisor")
     root = sbx.commands.run("sudo -n id -u", user="user").stdout.strip()
     assert root == "0"
-    assert os.geteuid() == 0

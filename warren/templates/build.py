@@ -31,7 +31,6 @@ import errno
 import json
 import logging
 import os
-import re
 import secrets
 import string
 import time
@@ -42,12 +41,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from warren import names
 from warren.config import Settings
 from warren.errors import ConflictError, HostError, InvalidRequestError, NotFoundError, WarrenError
 from warren.images import (
     Credentials,
     DigestMismatchError,
     LayerStore,
+    LayerTooLargeError,
     ProgressEvent,
     PulledImage,
     RegistryAuthError,
@@ -108,7 +109,6 @@ KEEP_FINISHED_MAX = 200
 BUILTIN_IMAGES = {"docker.io/e2bdev/base:latest": "base"}
 """The SDK's default base image (``Template()`` without ``from_*``) is the built-in ``base`` template:
 both are Debian with Python, and a node need not reach Docker Hub to build from it."""
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 _COPY_CHUNK = 1 << 20
 
@@ -118,11 +118,8 @@ def new_template_id() -> str:
 
 
 def validate_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise InvalidRequestError(
-            f"invalid template name {name!r}: use 1-128 of [A-Za-z0-9._:-], starting with a letter or digit"
-        )
-    return name
+    """A template name (``warren.names``: the one rule for template and snapshot names)."""
+    return names.validate_name(name, "template")
 
 
 class BuildFailed(WarrenError):
@@ -155,6 +152,10 @@ class BuildRuntime(Protocol):
     async def pause(self, sandbox_id: str, mode: PauseMode) -> None: ...
 
     def sandbox_paths(self, sandbox_id: str) -> SandboxPaths: ...
+
+    async def neutral_upper(self, sandbox_id: str) -> Path:
+        """The stopped sandbox's upper dir, re-owned as its user namespace saw it (0-based ids)."""
+        ...
 
 
 @dataclass
@@ -208,6 +209,9 @@ class BuildService:
         self.layers_dir = settings.state_dir / "layers"
         self._builds: dict[str, Build] = {}
         self._slots = asyncio.Semaphore(max(1, settings.build_concurrency))
+        self._pulls = asyncio.Semaphore(max(1, settings.pull_concurrency))
+        self._pull_counts = Counter[str]()
+        """``running`` and ``waiting`` pulls (``pull_concurrency`` run at once, the rest queue)."""
         self._pins: Counter[str] = Counter()
         self._gc_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -257,8 +261,9 @@ class BuildService:
         if runtime is not None and runtime not in {k.value for k in RuntimeKind}:
             raise InvalidRequestError(f"unknown runtime {runtime!r}; expected one of {[k.value for k in RuntimeKind]}")
         for value, what in ((cpu_count, "cpuCount"), (memory_mb, "memoryMB")):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise InvalidRequestError(f"{what} must be a positive integer")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InvalidRequestError(f"{what} must be an integer")
+        check_resources(self._settings, cpu_count, memory_mb)
         self._prune()
         for other in list(self._builds.values()):
             if other.name == name and not other.log.status.finished:
@@ -296,7 +301,7 @@ class BuildService:
     async def receive_upload(self, template_id: str, files_hash: str, chunks: AsyncIterator[bytes]) -> int:
         check_hash(files_hash)
         await self._known_template(template_id)
-        return await self.uploads.receive(files_hash, chunks)
+        return await self.uploads.receive(files_hash, chunks, max_bytes=self._settings.max_upload_bytes)
 
     def start(self, template_id: str, build_id: str, req: BuildRequest) -> Build:
         """``POST /v2/templates/{id}/builds/{buildID}``: run the build in the background."""
@@ -494,7 +499,7 @@ class BuildService:
             try:
                 await runtime.pause(sandbox_id, PauseMode.FILESYSTEM)
                 async with self._gc_lock:  # a gc must not see the new layer before it is pinned
-                    layer = await asyncio.to_thread(self._seal, runtime.sandbox_paths(sandbox_id).upper, key)
+                    layer = await asyncio.to_thread(self._seal, await runtime.neutral_upper(sandbox_id), key)
                     self._pin([str(layer)], pinned)
             except WarrenError as exc:
                 raise BuildFailed(f"sealing the build layer failed: {exc}", FINALIZE_STEP) from exc
@@ -671,7 +676,12 @@ class BuildService:
 
     def registry_config(self, image: str | None = None, auth: tuple[str, str] | None = None) -> RegistryConfig:
         s = self._settings
-        config = RegistryConfig(mirrors=s.registry_mirrors, insecure=frozenset(s.insecure_registries))
+        config = RegistryConfig(
+            mirrors=s.registry_mirrors,
+            insecure=frozenset(s.insecure_registries),
+            max_layer_bytes=s.max_layer_bytes,
+            max_layer_unpacked_bytes=s.max_layer_unpacked_bytes,
+        )
         if s.registry_auth_file is not None:
             config = config.with_docker_config(s.registry_auth_file)
         if auth is not None and image is not None:
@@ -703,12 +713,41 @@ class BuildService:
                 say(f"Unpacked layer {short}")
 
         try:
-            image = await pull(ref, self.image_store, config=self.registry_config(ref, auth), progress=on_event)
+            async with self._pull_slot(say):
+                image = await pull(ref, self.image_store, config=self.registry_config(ref, auth), progress=on_event)
         except WarrenError as exc:
             raise BuildFailed(describe_pull_error(ref, exc), BASE_STEP) from exc
         self._pin([str(p) for p in image.layers], pinned)
         say(f"Pulled {image.reference} ({len(image.layers)} layers) in {time.monotonic() - started:.1f}s")
         return image
+
+    @contextlib.asynccontextmanager
+    async def _pull_slot(self, say: Callable[[str], None]) -> AsyncIterator[None]:
+        """One of ``pull_concurrency`` pull slots; a pull over the limit waits (queued, never refused)."""
+        if self._pulls.locked():
+            say("Waiting for another image pull to finish")
+        self._pull_counts["waiting"] += 1
+        try:
+            await self._pulls.acquire()
+        finally:
+            self._pull_counts["waiting"] -= 1
+        self._pull_counts["running"] += 1
+        try:
+            yield
+        finally:
+            self._pull_counts["running"] -= 1
+            self._pulls.release()
+
+    def limits(self) -> dict[str, dict[str, int]]:
+        """Pulls and builds running and waiting, with their limits (``/health``)."""
+        building = [b for b in self._builds.values() if b.task is not None and not b.log.status.finished]
+        running = sum(1 for b in building if b.log.status is BuildStatus.BUILDING)
+        return {
+            "pulls": {**{k: self._pull_counts[k] for k in ("running", "waiting")},
+                      "max": max(1, self._settings.pull_concurrency)},
+            "builds": {"running": running, "waiting": len(building) - running,
+                       "max": max(1, self._settings.build_concurrency)},
+        }  # fmt: skip
 
     async def pull_template(
         self,
@@ -893,6 +932,22 @@ def mounted_lower_dirs(mountinfo: Path = Path("/proc/self/mountinfo")) -> set[st
     return found
 
 
+def check_resources(settings: Settings, cpu_count: int | None, memory_mb: int | None) -> None:
+    """A template's ``cpuCount``/``memoryMB`` within the node's bounds, else 400 naming the bound (E2B's wording)."""
+    if cpu_count is not None:
+        if cpu_count < settings.min_cpu:
+            raise InvalidRequestError(f"CPU count must be at least {settings.min_cpu}")
+        if cpu_count > settings.max_cpu:
+            raise InvalidRequestError(f"CPU count can't be higher than {settings.max_cpu} (WARREN_MAX_CPU)")
+    if memory_mb is not None:
+        if memory_mb < settings.min_memory_mb:
+            raise InvalidRequestError(f"Memory must be at least {settings.min_memory_mb} MiB")
+        if memory_mb > settings.max_memory_mb:
+            raise InvalidRequestError(
+                f"Memory can't be higher than {settings.max_memory_mb} MiB (WARREN_MAX_MEMORY_MB)"
+            )
+
+
 def describe_pull_error(ref: str, exc: WarrenError) -> str:
     """A build error message for a failed pull (registry credentials are never our API's 401)."""
     if isinstance(exc, RegistryAuthError):
@@ -906,6 +961,8 @@ def describe_pull_error(ref: str, exc: WarrenError) -> str:
         return f"image {ref} has an unsafe layer: {exc}"
     if isinstance(exc, UnsupportedImageError):
         return f"image {ref} is not supported: {exc}"
+    if isinstance(exc, LayerTooLargeError):
+        return f"image {ref} is too large: {exc}"
     if isinstance(exc, RegistryError):
         return f"cannot pull {ref}: {exc}"
     return f"pulling {ref} failed: {exc}"
@@ -921,6 +978,7 @@ __all__ = [
     "BuildRuntime",
     "BuildService",
     "Usage",
+    "check_resources",
     "describe_pull_error",
     "mounted_lower_dirs",
     "new_template_id",

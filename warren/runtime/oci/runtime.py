@@ -70,6 +70,7 @@ from warren.runtime.oci.steps import as_runtime_failure, load_record, read_pid, 
 from warren.runtime.probe import probe_runc, probe_runsc
 from warren.runtime.rootfs import directory_usage
 from warren.runtime.userns import probe_idmapped_mounts, to_neutral, unsearchable_ancestor
+from warren.trees import shift_owner
 
 __all__ = ["OciRuntime"]
 
@@ -280,6 +281,24 @@ class OciRuntime(OciBackendBase):
             if restore is not None:
                 await asyncio.to_thread(remove_tree, restore)
             return handle
+
+    async def neutral_upper(self, sandbox_id: str) -> Path:
+        """The upper dir of a sandbox paused without processes, re-owned in place from its user namespace
+        range to the ids seen inside (0-based), as layers and snapshots store them. For sealing a build."""
+        paths = self.sandbox_paths(sandbox_id)
+        async with self._lock(sandbox_id):
+            record = self._record(sandbox_id)
+            if record is None:
+                raise NotFoundError(f"no sandbox {sandbox_id} on this node")
+            if record.network is not None:
+                raise InvalidStateError(f"sandbox {sandbox_id} still runs; pause it without its processes first")
+            rng = record.uid_range
+            if rng is not None:
+                await asyncio.to_thread(shift_owner, paths.upper, -rng.host, -rng.host,
+                                        within=range(rng.host, rng.host + rng.size))
+                self._save(paths, replace(record, uid_range=None))
+                self._release_range(rng)
+            return paths.upper
 
     async def locate(self, sandbox_id: str) -> SandboxHandle | None:
         """The handle of a running sandbox as it is now (a gVisor snapshot moves it to a new address and
