@@ -27,6 +27,7 @@ from .config import Settings
 from .errors import ConflictError, InvalidRequestError
 from .footprint import FootprintCaps, apply_footprint_caps
 from .images import LayerStore
+from .names import validate_name
 from .node_runtimes import guest_source_dir, reap_orphans_for_node, start_runtimes
 from .orchestrator import SandboxManager
 from .orchestrator.manager import new_sandbox_id
@@ -90,6 +91,7 @@ async def _import_template(
     from .templates import import_template
     from .templates.importer import check_import_root
 
+    validate_name(name, "template")
     if not src.is_absolute():
         raise InvalidRequestError(f"{src} is not an absolute path to a directory")
     if roots is not None:

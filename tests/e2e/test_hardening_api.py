@@ -1,13 +1,22 @@
 """Issue 9's smaller hardening items, each against a real node.
 
-Import roots: ``POST /warren/templates/import`` takes only directories under ``WARREN_IMPORT_ROOTS``
-(default: the cache dir), after resolving ``..`` and symlinks; anything else is 403.
+- Import roots: ``POST /warren/templates/import`` takes only directories under ``WARREN_IMPORT_ROOTS``
+  (default: the cache dir), after resolving ``..`` and symlinks; anything else is 403.
+- The data-plane proxy builds its upstream URL from parts: no request target reaches a host port.
+- An asterisk-form target and a JSON integer past Python's digit limit are 400s, not 500s.
+- Snapshot and template names of reserved forms are 400.
+- Runtime records need their class's assets, with file/http(s)/s3 URLs.
+- ``/health`` without the API key says only ``status``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
+import socket
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,3 +117,215 @@ def test_cache_dir_imports_and_host_root_does_not(node: Node) -> None:
         assert c.get("/templates/base-gvisor").status_code == 200
     assert "WARREN_IMPORT_ROOTS" in _json_error(_import(node, "/", "host-root"), 403)
     _json_error(_import(node, f"{DEFAULT_CACHE}/templates/../../../..", "host-root2"), 403)
+
+
+# --- raw HTTP ----------------------------------------------------------------------------------
+
+
+def _raw(node: Node, request_line: str, headers: dict[str, str] | None = None, body: bytes = b"") -> tuple[int, bytes]:
+    """Send one request exactly as written (no client normalises the target); (status, body)."""
+    head = [request_line, "Host: 127.0.0.1", "Connection: close"]
+    head += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    if body:
+        head.append(f"Content-Length: {len(body)}")
+    with socket.create_connection(("127.0.0.1", node.port), timeout=60) as sock:
+        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    status_line, _, rest = data.partition(b"\r\n")
+    _, _, payload = rest.partition(b"\r\n\r\n")
+    return int(status_line.split()[1]), payload
+
+
+class HostListener:
+    """A TCP server on a host port that records every connection it gets (it must get none)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = int(self.sock.getsockname()[1])
+        self.hits: list[bytes] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                try:
+                    self.hits.append(conn.recv(4096))
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nConnection: close\r\n\r\nHOST-REACHED")
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.sock.close()
+        self._thread.join(timeout=10)
+
+
+@pytest.fixture
+def listener() -> Iterator[HostListener]:
+    srv = HostListener()
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+@pytest.fixture(scope="module")
+def sandbox(node: Node) -> Iterator[tuple[str, str]]:
+    """One running runc sandbox for the proxy and snapshot checks: (id, envd access token)."""
+    with node.client() as c:
+        r = c.post("/v2/sandboxes", json={"templateID": "base", "timeout": 600})
+        assert r.status_code == 201, r.text
+        sid, token = str(r.json()["sandboxID"]), str(r.json()["envdAccessToken"])
+    try:
+        yield sid, token
+    finally:
+        with node.client() as c:
+            c.delete(f"/sandboxes/{sid}")
+
+
+@pytest.fixture
+def sandbox_id(sandbox: tuple[str, str]) -> str:
+    return sandbox[0]
+
+
+# --- proxy upstream URL ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["@127.0.0.1:{port}/x", "//127.0.0.1:{port}/x", "http://127.0.0.1:{port}/x", ":{port}@127.0.0.1:{port}/x"],
+)
+def test_request_target_never_changes_the_upstream_host(
+    node: Node, sandbox: tuple[str, str], listener: HostListener, target: str
+) -> None:
+    """400 from the node, or the agent's own 404 for a path it does not serve: never the host port."""
+    headers = {"E2b-Sandbox-Id": sandbox[0], "E2b-Sandbox-Port": "49983", "X-Access-Token": sandbox[1]}
+    status, body = _raw(node, f"GET {target.format(port=listener.port)} HTTP/1.1", headers)
+    assert b"HOST-REACHED" not in body
+    assert listener.hits == [], "the proxy connected to a host port"
+    assert status in (400, 404), (status, body)
+
+
+def test_proxy_still_reaches_the_sandbox(node: Node, sandbox_id: str) -> None:
+    """The control for the test above: a normal target through the same raw path is answered by the agent."""
+    status, _ = _raw(node, "GET /health HTTP/1.1", {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": "49983"})
+    assert status == 204
+
+
+# --- asterisk-form target, huge integers ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["OPTIONS", "GET"])
+@pytest.mark.parametrize("to_sandbox", [False, True])
+def test_asterisk_target_is_a_400_json_error(node: Node, sandbox_id: str, method: str, to_sandbox: bool) -> None:
+    headers = {"X-API-Key": node.api_key}
+    if to_sandbox:
+        headers["E2b-Sandbox-Id"] = sandbox_id
+    status, body = _raw(node, f"{method} * HTTP/1.1", headers)
+    assert status == 400, body
+    assert json.loads(body)["code"] == 400
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"templateID": "base", "timeout": ' + b"1" * 5000 + b"}",
+        b'{"templateID": "base", "metadata": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+    ],
+    ids=["5000-digit-integer", "nested-100000-deep"],
+)
+def test_json_body_python_cannot_hold_is_400(node: Node, body: bytes) -> None:
+    with node.client() as c:
+        r = c.post("/v2/sandboxes", content=body, headers={"content-type": "application/json"})
+        assert "JSON" in _json_error(r, 400)
+        assert c.get("/v2/sandboxes").status_code == 200
+
+
+# --- reserved names ----------------------------------------------------------------------------
+
+BAD_NAMES = ["template:tabc", "TEMPLATE:x", "a/b", "x:y:z", ":tag", "name:", "", "x" * 129, "sabcdefghij012345678"]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_reserved_snapshot_names_are_400(node: Node, sandbox_id: str, name: str) -> None:
+    with node.client() as c:
+        _json_error(c.post(f"/sandboxes/{sandbox_id}/snapshots", json={"name": name}), 400)
+        assert all(name not in s["names"] for s in c.get("/snapshots").json())
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_reserved_template_names_are_400(node: Node, name: str) -> None:
+    src = str(DEFAULT_CACHE / "templates" / "busybox" / "rootfs")
+    with node.client() as c:
+        _json_error(c.post("/v3/templates", json={"name": name}), 400)
+        _json_error(c.post("/warren/templates/import", json={"path": src, "name": name}), 400)
+
+
+def test_valid_name_with_tag_is_accepted_for_a_snapshot(node: Node, sandbox_id: str) -> None:
+    with node.client() as c:
+        r = c.post(f"/sandboxes/{sandbox_id}/snapshots", json={"name": "my-snap_1.0:v2"})
+        assert r.status_code == 201, r.text
+        assert c.delete(f"/snapshots/{r.json()['snapshotID']}").status_code == 204
+
+
+# --- runtime records ---------------------------------------------------------------------------
+
+H = "0" * 64
+
+
+@pytest.mark.parametrize(
+    ("record", "needle"),
+    [
+        ({"sandbox_class": "runc", "assets": {}}, "runc"),
+        ({"sandbox_class": "gvisor"}, "runsc"),
+        ({"sandbox_class": "runc", "assets": {"runsc": {"url": "file:///usr/bin/runsc", "sha256": H}}}, "runc"),
+        ({"sandbox_class": "gvisor", "assets": {"runsc": {"url": "ftp://mirror/runsc", "sha256": H}}}, "ftp"),
+        ({"sandbox_class": "gvisor", "assets": {"runsc": {"url": "runsc", "sha256": H}}}, "runsc"),
+        ({"sandbox_class": "gvisor", "assets": {"runsc": {"url": "file:runsc", "sha256": H}}}, "absolute"),
+        ({"sandbox_class": "gvisor", "assets": {"runsc": {"url": "file://host/runsc", "sha256": H}}}, "file"),
+        ({"sandbox_class": "gvisor", "assets": {"runsc": {"url": "https:///runsc", "sha256": H}}}, "host"),
+        ({"sandbox_class": "runc", "assets": {"runc": {"url": "s3://", "sha256": H}}}, "bucket"),
+    ],
+)
+def test_runtime_record_without_usable_assets_is_400(node: Node, record: dict[str, object], needle: str) -> None:
+    with node.client() as c:
+        before = c.get("/runtimes").json()
+        assert needle in _json_error(c.post("/warren/runtimes", json=record), 400)
+        assert c.get("/runtimes").json() == before
+
+
+def test_runtime_record_with_its_binary_is_registered(node: Node) -> None:
+    runc = Path(shutil.which("runc") or "/usr/sbin/runc").resolve()
+    digest = hashlib.sha256(runc.read_bytes()).hexdigest()
+    record = {"sandbox_class": "runc", "assets": {"runc": {"url": runc.as_uri(), "sha256": digest}}}
+    with node.client() as c:
+        r = c.post("/warren/runtimes", json=record)
+        assert r.status_code == 201, r.text
+        s3 = {"sandbox_class": "gvisor", "assets": {"runsc": {"url": "s3://bucket/gvisor/runsc", "sha256": H}}}
+        assert c.post("/warren/runtimes", json=s3).status_code == 201
+
+
+# --- /health -----------------------------------------------------------------------------------
+
+
+def test_health_without_a_key_says_only_status(node: Node) -> None:
+    for headers in ({}, {"X-API-Key": "wrong"}):
+        r = httpx.get(f"{node.url}/health", headers=headers)
+        assert r.status_code == 200
+        assert r.json() == {"status": "ok"}
+
+
+def test_health_with_the_key_has_the_details(node: Node) -> None:
+    with node.client() as c:
+        body = c.get("/health").json()
+    assert body["status"] == "ok"
+    assert {"runtimes", "warmPool", "sandboxes", "agent_bundle"} <= body.keys()

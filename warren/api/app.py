@@ -38,6 +38,26 @@ class _ApiKeyAuth:
         await self._app(scope, receive, send)
 
 
+class _OriginFormOnly:
+    """Only origin-form request targets (``/path?query``) reach the proxy and the router: the
+    asterisk form (``OPTIONS *``), absolute and authority forms and anything else are a 400 JSON error."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            raw: bytes = scope.get("raw_path") or scope.get("path", "").encode("latin-1")
+            if not raw.startswith(b"/"):
+                message = "the request target must be a path starting with '/'"
+                if scope["type"] == "http":
+                    await error_response(400, message)(scope, receive, send)
+                else:
+                    await send({"type": "websocket.close", "code": 1008, "reason": message})
+                return
+        await self._app(scope, receive, send)
+
+
 def create_app(services: Services, *, max_keepalive: int = 512) -> tuple[ASGIApp, SandboxProxy]:
     """The ASGI app of a node and its proxy (whose HTTP client the caller closes)."""
     router = Starlette(
@@ -58,4 +78,4 @@ def create_app(services: Services, *, max_keepalive: int = 512) -> tuple[ASGIApp
         wake=services.manager.wake,
         max_keepalive=max_keepalive,
     )
-    return proxy, proxy
+    return _OriginFormOnly(proxy), proxy

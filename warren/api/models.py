@@ -25,7 +25,9 @@ def parse_json_object(raw: bytes, *, allow_empty: bool = True) -> dict[str, Any]
         raise InvalidRequestError("request body is empty; expected a JSON object")
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:
+        # ValueError: JSONDecodeError, UnicodeDecodeError, and an integer past Python's digit limit
+        # (int_max_str_digits); RecursionError: arrays nested thousands deep.
         raise InvalidRequestError(f"malformed JSON body: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidRequestError("request body must be a JSON object")

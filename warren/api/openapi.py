@@ -58,7 +58,7 @@ _OPERATIONS: list[tuple[str, str, str, int, tuple[int, ...]]] = [
     ("get", "/nodes", "This node's description with its runtime hashes", 200, (401,)),
     ("get", "/nodes/{nodeID}", "One node", 200, (401, 404)),
     ("post", "/warren/templates/{templateID}/pool", "Set a template's warm-pool size", 200, (400, 401, 404)),
-    ("get", "/health", "Node health and runtime probe details (no auth)", 200, ()),
+    ("get", "/health", "Node health: {status} without auth; runtime probes, pools, limits with X-API-Key", 200, ()),
     ("get", "/openapi.json", "This document (no auth)", 200, ()),
 ]
 

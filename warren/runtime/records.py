@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, cast
+from urllib.parse import urlsplit
 
 from warren.errors import InvalidRequestError
 
@@ -202,6 +203,45 @@ def validate_runtime_configs(configs: Iterable[RuntimeConfig]) -> dict[SandboxCl
     return defaults
 
 
+REQUIRED_ASSETS: Mapping[str, tuple[str, ...]] = MappingProxyType({"runc": ("runc",), "gvisor": ("runsc",)})
+"""The assets a record of each class must carry (the runtime CLI it runs); every class needs at least one."""
+ASSET_SCHEMES = ("file", "http", "https", "s3")
+
+
+def check_usable(record: RuntimeRecord) -> RuntimeRecord:
+    """``record`` if a node could run it: its class's assets are there, every URL is ``file://`` (an
+    absolute local path), ``http(s)://`` (with a host) or ``s3://bucket/key``. Else
+    :class:`InvalidRuntimeRecord` (400). Applied where records come from outside: the API, config files.
+    """
+    missing = [name for name in REQUIRED_ASSETS.get(record.sandbox_class, ()) if name not in record.assets]
+    if missing or not record.assets:
+        raise InvalidRuntimeRecord(
+            f"a {record.sandbox_class} runtime record needs the asset(s) {', '.join(missing) or '(any)'}; "
+            f"it has {', '.join(record.assets) or 'none'}"
+        )
+    for name, asset in record.assets.items():
+        _check_url(name, asset.url)
+    return record
+
+
+def _check_url(name: str, url: str) -> None:
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in ASSET_SCHEMES:
+        raise InvalidRuntimeRecord(
+            f"asset {name!r} url {url!r}: use {', '.join(s + '://' for s in ASSET_SCHEMES)} "
+            "(a relative path or another scheme is not fetchable)"
+        )
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+            raise InvalidRuntimeRecord(f"asset {name!r} url {url!r}: a file URL must name an absolute local path")
+    elif scheme == "s3":
+        if not parts.netloc or parts.path.strip("/") == "":
+            raise InvalidRuntimeRecord(f"asset {name!r} url {url!r}: an s3 URL needs a bucket and a key")
+    elif not parts.hostname:
+        raise InvalidRuntimeRecord(f"asset {name!r} url {url!r}: an {scheme} URL needs a host")
+
+
 def _check_name(what: str, value: object) -> None:
     if not isinstance(value, str) or _NAME.fullmatch(value) is None:
         raise InvalidRuntimeRecord(f"{what} must match {_NAME.pattern}, got {value!r}")
@@ -212,12 +252,15 @@ def _canonical(data: Mapping[str, Any]) -> bytes:
 
 
 __all__ = [
+    "ASSET_SCHEMES",
+    "REQUIRED_ASSETS",
     "SANDBOX_CLASSES",
     "Asset",
     "InvalidRuntimeRecord",
     "RuntimeConfig",
     "RuntimeRecord",
     "SandboxClass",
+    "check_usable",
     "is_sha256_hex",
     "validate_runtime_configs",
 ]

@@ -20,7 +20,7 @@ from ..errors import InvalidRequestError
 from .assets import AssetCache
 from .index import RuntimeIndex, register_configs
 from .prewarm import Prewarmer
-from .records import Asset, RuntimeConfig, RuntimeRecord, validate_runtime_configs
+from .records import Asset, RuntimeConfig, RuntimeRecord, check_usable, validate_runtime_configs
 from .staging import RuntimeStager
 
 log = logging.getLogger(__name__)
@@ -63,9 +63,15 @@ def load_configs(path: Path) -> list[RuntimeConfig]:
     """``{"runtimes": [{name, version, default, sandbox_class, assets, options}, ...]}``."""
     try:
         doc = json.loads(path.read_text())
-        return [RuntimeConfig.from_dict(item) for item in doc["runtimes"]]
+        configs = [RuntimeConfig.from_dict(item) for item in doc["runtimes"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InvalidRequestError(f"cannot read runtime configs from {path}: {exc}") from exc
+    for config in configs:
+        try:
+            check_usable(config.record)
+        except InvalidRequestError as exc:
+            raise InvalidRequestError(f"{path}: runtime config {config.name}@{config.version}: {exc}") from exc
+    return configs
 
 
 class RuntimeRegistry:

@@ -59,6 +59,15 @@ async def _send_json(send: Send, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+_NOT_ORIGIN_FORM = "the request target must be a path starting with '/'"
+
+
+def _origin_path(scope: Scope) -> bytes | None:
+    """The request's raw path if it is origin-form (starts with ``/``), else None (``*``, ``@host``, ``http://``)."""
+    raw: bytes = scope.get("raw_path") or scope.get("path", "").encode("latin-1")
+    return raw if raw.startswith(b"/") else None
+
+
 class _Paused(Exception):
     """The target sandbox is paused and does not auto-resume."""
 
@@ -182,11 +191,14 @@ class SandboxProxy:
             (k.lower() == b"content-length" and v != b"0") or k.lower() == b"transfer-encoding"
             for k, v in scope["headers"]
         )
-        path = scope.get("raw_path") or scope["path"].encode()
+        path = _origin_path(scope)
+        if path is None:
+            await _send_json(send, 400, _NOT_ORIGIN_FORM)
+            return
         query = scope.get("query_string", b"")
-        url = f"http://{address}:{target.port}{path.decode('latin-1')}" + (
-            f"?{query.decode('latin-1')}" if query else ""
-        )
+        # From parts, never by pasting the target after the authority: a target such as
+        # "@127.0.0.1:22/x" would otherwise become the userinfo of a URL naming a host port.
+        url = httpx.URL(scheme="http", host=address, port=target.port, raw_path=path + (b"?" + query if query else b""))
         client = self._client(target.sandbox_id)
         request = client.build_request(
             scope["method"], url, headers=headers, content=_body(receive) if has_body else None
@@ -244,9 +256,13 @@ class SandboxProxy:
         if address is None:
             await send({"type": "websocket.close", "code": 1011, "reason": "sandbox was not found"})
             return
-        path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+        raw_path = _origin_path(scope)
+        if raw_path is None:
+            await send({"type": "websocket.close", "code": 1008, "reason": _NOT_ORIGIN_FORM[:120]})
+            return
         query = scope.get("query_string", b"").decode("latin-1")
-        url = f"ws://{address}:{target.port}{path}" + (f"?{query}" if query else "")
+        # The path starts with "/", so it cannot extend the authority (host:port) before it.
+        url = f"ws://{address}:{target.port}{raw_path.decode('latin-1')}" + (f"?{query}" if query else "")
         protocols = [websockets.Subprotocol(p) for p in scope.get("subprotocols", [])]
         try:
             upstream = await websockets.connect(url, subprotocols=protocols or None, open_timeout=5)

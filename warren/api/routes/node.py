@@ -10,13 +10,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ...errors import InvalidRequestError, NotFoundError
+from ..auth import key_matches
 from ..models import parse_json_object, template_body
 from ..openapi import OPENAPI
 from ..services import services
 
 
 async def health(request: Request) -> Response:
+    """``{"status"}`` for anyone (load balancers, probes); the details (paths, runtime probes, pools,
+    limits) only with a valid ``X-API-Key``."""
     svc = services(request)
+    if not key_matches(svc.api_key, request.headers.get("x-api-key")):
+        return JSONResponse({"status": "ok"})
     return JSONResponse(
         {
             "status": "ok",
@@ -24,15 +29,15 @@ async def health(request: Request) -> Response:
             "sandboxes": svc.manager.count(),
             "runtimes": dict(svc.probes()),
             "warmPool": svc.manager.pool.stats(),
+            "limits": {
+                "sandboxes": svc.manager.limits(),
+                **(svc.builds.limits() if svc.builds is not None else {}),
+            },
         }
     )
 
 
 async def openapi(request: Request) -> Response:
-            "limits": {
-                "sandboxes": svc.manager.limits(),
-                **(svc.builds.limits() if svc.builds is not None else {}),
-            },
     return JSONResponse(OPENAPI)
 
 

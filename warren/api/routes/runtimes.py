@@ -7,7 +7,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ...errors import NotFoundError, UnavailableError
-from ...runtime.records import RuntimeRecord
+from ...runtime.records import RuntimeRecord, check_usable
 from ..models import parse_json_object
 from ..services import Services, services
 
@@ -25,7 +25,7 @@ async def register_runtime(request: Request) -> Response:
     svc = services(request)
     if svc.registry is None:
         raise UnavailableError("this node has no runtime index")
-    record = RuntimeRecord.from_dict(parse_json_object(await request.body(), allow_empty=False))
+    record = check_usable(RuntimeRecord.from_dict(parse_json_object(await request.body(), allow_empty=False)))
     runtime_hash = await svc.registry.index.register(record)
     return JSONResponse({"hash": runtime_hash, "class": record.sandbox_class}, status_code=201)
 

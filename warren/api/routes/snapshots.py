@@ -9,6 +9,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ...errors import InvalidRequestError, NotFoundError
+from ...names import validate_name
 from ..models import parse_json_object, snapshot_body
 from ..services import services
 
@@ -16,8 +17,8 @@ from ..services import services
 async def create_snapshot(request: Request) -> Response:
     body = parse_json_object(await request.body())
     name = body.get("name")
-    if name is not None and (not isinstance(name, str) or not name):
-        raise InvalidRequestError("name must be a non-empty string")
+    if name is not None:
+        validate_name(name, "snapshot")
     manifest = await services(request).manager.snapshot(request.path_params["sandbox_id"], name)
     return JSONResponse({"snapshotID": manifest.snapshot_id, "names": list(manifest.names)}, status_code=201)
 

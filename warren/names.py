@@ -1,0 +1,33 @@
+"""The one rule for names users give templates and snapshots (E2B's ``name`` or ``name:tag``).
+
+A name is 1-128 characters: a base of ``[A-Za-z0-9][A-Za-z0-9._-]*``, optionally ``:`` and a tag of
+``[A-Za-z0-9_][A-Za-z0-9._-]*``. Reserved, so that no user name can shadow what warren names itself:
+``template:<anything>`` (the gVisor template snapshots) and the exact form of warren's ids
+(``i``/``s``/``t`` and 19 lowercase letters or digits), which lookups by id-or-name try first.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import InvalidRequestError
+
+MAX_NAME = 128
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(?::[A-Za-z0-9_][A-Za-z0-9._-]*)?")
+_ID_FORM = re.compile(r"[ist][a-z0-9]{19}")
+_RESERVED_BASES = frozenset({"template"})
+
+
+def validate_name(name: object, what: str = "template") -> str:
+    """``name`` if it is a valid, unreserved template or snapshot name; else ``InvalidRequestError`` (400)."""
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME or _NAME.fullmatch(name) is None:
+        raise InvalidRequestError(
+            f"invalid {what} name {name!r}: use name or name:tag, 1-{MAX_NAME} of [A-Za-z0-9._-] with at most "
+            "one ':', each part starting with a letter or digit"
+        )
+    base, sep, _ = name.partition(":")
+    if sep and base.lower() in _RESERVED_BASES:
+        raise InvalidRequestError(f"invalid {what} name {name!r}: names of the form '{base}:...' are reserved")
+    if _ID_FORM.fullmatch(name):
+        raise InvalidRequestError(f"invalid {what} name {name!r}: it has the form of a warren id")
+    return name
