@@ -13,6 +13,11 @@ What the rules enforce, for traffic from a sandbox veth (``<veth_prefix>*``):
 * forward: nothing is routed *into* a sandbox except replies, so sandbox -> sandbox is dropped; a
   sandbox in ``no_internet`` is dropped; IPv6 is dropped; DNS to the resolvers we hand out passes;
   private, link-local, CGNAT and the host's own subnets are dropped; the rest is masqueraded out.
+
+Cloud metadata endpoints (:data:`ALWAYS_DENIED`, :data:`ALWAYS_DENIED_V6`) are in the drop sets whatever
+``blocked`` a node is configured with. Sandboxes get no IPv6 address or route (the netns is IPv4
+only) and all their IPv6 is dropped; the ``blocked6`` set names the IPv6 metadata addresses anyway,
+so they stay denied if IPv6 egress is ever allowed.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 from warren.errors import RuntimeFailure
 from warren.runtime.oci.command import run_command
 
-__all__ = ["DEFAULT_BLOCKED", "NatRules", "host_subnets"]
+__all__ = ["ALWAYS_DENIED", "ALWAYS_DENIED_V6", "DEFAULT_BLOCKED", "NatRules", "host_subnets"]
 
 NFT_TIMEOUT = 15.0
 
@@ -34,6 +39,12 @@ DEFAULT_BLOCKED = (
     "224.0.0.0/3",
 )
 """Destinations a sandbox never reaches: RFC 1918, CGNAT, link-local (cloud metadata), multicast/reserved."""
+
+ALWAYS_DENIED = ("169.254.169.254/32", "168.63.129.16/32", "100.100.100.200/32")
+"""Cloud metadata and host-agent endpoints, denied even if ``blocked`` leaves out their ranges: AWS/GCP/
+Azure/OpenStack IMDS (169.254.169.254), Azure WireServer (168.63.129.16), Alibaba Cloud (100.100.100.200)."""
+ALWAYS_DENIED_V6 = ("fd00:ec2::254/128", "fd20:ce::254/128", "fc00::/7", "fe80::/10")
+"""IPv6: AWS IMDS (fd00:ec2::254), GCP metadata (fd20:ce::254), and the unique-local and link-local ranges."""
 
 _IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 
@@ -70,7 +81,7 @@ class NatRules:
     def _script(self, dns: Sequence[str], blocked: Iterable[str]) -> str:
         t = f"inet {self.table}"
         v = f'"{self.veth_glob}"'
-        blocked_elems = ", ".join(sorted(set(blocked)))
+        blocked_elems = ", ".join(sorted({*blocked, *ALWAYS_DENIED}))
         lines = [
             f"add table {t}",
             f"add set {t} no_internet {{ type ifname; }}",
@@ -78,6 +89,9 @@ class NatRules:
             f"flush set {t} dns",
             f"add set {t} blocked {{ type ipv4_addr; flags interval; auto-merge; }}",
             f"flush set {t} blocked",
+            f"add set {t} blocked6 {{ type ipv6_addr; flags interval; auto-merge; }}",
+            f"flush set {t} blocked6",
+            f"add element {t} blocked6 {{ {', '.join(ALWAYS_DENIED_V6)} }}",
         ]
         if dns:
             lines.append(f"add element {t} dns {{ {', '.join(dns)} }}")
@@ -96,6 +110,7 @@ class NatRules:
                 f"oifname {v} ct state established,related accept",
                 f"oifname {v} drop",
                 "iifname @no_internet drop",
+                f"iifname {v} ip6 daddr @blocked6 drop",
                 f"iifname {v} meta nfproto ipv6 drop",
                 f"iifname {v} ip daddr @dns meta l4proto {{ tcp, udp }} th dport 53 accept",
                 f"iifname {v} ip daddr @blocked drop",
