@@ -7,6 +7,8 @@
     ├── NotFoundError            no such sandbox, template, file (404)
     ├── ConflictError            the object exists, or is in a state that forbids the action (409)
     │   └── InvalidStateError    lifecycle transition not allowed from the current state
+    ├── PayloadTooLargeError     a body or blob over the node's size cap (413)
+    ├── TooManyRequestsError     a node cap is reached: concurrent sandboxes (429)
     ├── UnavailableError         the node refuses work right now (draining, overloaded) (503)
     └── HostError                the host failed us (runtime, network, disk): 500
         └── RuntimeFailure       a runtime command or sandbox start failed
@@ -43,6 +45,14 @@ class ConflictError(WarrenError):
 
 class InvalidStateError(ConflictError):
     """A lifecycle action is not allowed from the sandbox's current state."""
+
+
+class PayloadTooLargeError(WarrenError):
+    """A request body (an upload) is larger than the node accepts."""
+
+
+class TooManyRequestsError(WarrenError):
+    """A node cap is reached (E2B's 429: the maximum number of concurrent sandboxes)."""
 
 
 class UnavailableError(WarrenError):

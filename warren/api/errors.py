@@ -15,6 +15,8 @@ from ..errors import (
     HostError,
     InvalidRequestError,
     NotFoundError,
+    PayloadTooLargeError,
+    TooManyRequestsError,
     UnavailableError,
     WarrenError,
 )
@@ -27,6 +29,8 @@ STATUS: dict[type[WarrenError], int] = {
     ForbiddenError: 403,
     NotFoundError: 404,
     ConflictError: 409,
+    PayloadTooLargeError: 413,
+    TooManyRequestsError: 429,
     UnavailableError: 503,
     HostError: 500,
 }

@@ -14,6 +14,7 @@ from __future__ import annotations
 from warren.images.config import Credentials, RegistryConfig, load_docker_config
 from warren.images.errors import (
     DigestMismatchError,
+    LayerTooLargeError,
     RegistryAuthError,
     RegistryError,
     UnsafeLayerError,
@@ -29,6 +30,7 @@ __all__ = [
     "Credentials",
     "DigestMismatchError",
     "LayerStore",
+    "LayerTooLargeError",
     "ProgressEvent",
     "PulledImage",
     "Reference",

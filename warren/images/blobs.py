@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import BinaryIO, Generic, TypeVar
 
 from warren.errors import HostError, InvalidRequestError
-from warren.images.errors import DigestMismatchError
+from warren.images.errors import DigestMismatchError, LayerTooLargeError
 
 T = TypeVar("T")
 _DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
@@ -132,7 +132,7 @@ class BlobCache:
                 await asyncio.to_thread(os.fsync, out.fileno())
                 os.rename(partial, final)
             keep = True
-        except DigestMismatchError:
+        except (DigestMismatchError, LayerTooLargeError):  # never resumed: it would fail again
             keep = False
             raise
         except OSError as exc:

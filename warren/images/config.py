@@ -55,6 +55,10 @@ class RegistryConfig:
     read_timeout_s: float = 60.0
     retries: int = 3
     """Extra attempts per blob after a dropped connection (each resumes with HTTP Range when possible)."""
+    max_layer_bytes: int | None = None
+    """Largest compressed layer blob a pull accepts (None: no cap); counted as it downloads."""
+    max_layer_unpacked_bytes: int | None = None
+    """Largest uncompressed layer tar stream a pull accepts (None: no cap); counted as it unpacks."""
     user_agent: str = "warren/0.1"
 
     def __post_init__(self) -> None:

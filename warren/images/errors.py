@@ -5,6 +5,7 @@
     DigestMismatchError(HostError)          a blob, manifest or unpacked layer does not match its digest
     UnsafeLayerError(InvalidRequestError)   a layer tar tries to escape its directory or create a device
     UnsupportedImageError(InvalidRequestError)  schema-1 manifests, zstd layers, foreign layers, ...
+    LayerTooLargeError(InvalidRequestError)     a layer over the node's compressed or unpacked size cap
 
 Unknown repositories, tags and platforms raise plain ``NotFoundError``.
 """
@@ -38,8 +39,15 @@ class UnsupportedImageError(InvalidRequestError):
     """The image uses a format warren does not handle (schema 1, zstd, foreign/non-distributable layers)."""
 
 
+class LayerTooLargeError(InvalidRequestError):
+    """A layer is larger (compressed, or as an uncompressed tar stream) than the node accepts.
+
+    Counted from the bytes that arrive, never from the size a manifest declares."""
+
+
 __all__ = [
     "DigestMismatchError",
+    "LayerTooLargeError",
     "RegistryAuthError",
     "RegistryError",
     "UnsafeLayerError",

@@ -34,7 +34,7 @@ import zlib
 from pathlib import Path
 
 from warren.errors import HostError
-from warren.images.errors import DigestMismatchError, UnsafeLayerError, UnsupportedImageError
+from warren.images.errors import DigestMismatchError, LayerTooLargeError, UnsafeLayerError, UnsupportedImageError
 
 OPAQUE_XATTR = "trusted.overlay.opaque"
 WHITEOUT_PREFIX = ".wh."
@@ -53,15 +53,25 @@ class UnpackCancelled(Exception):
 class _HashingReader(io.RawIOBase):
     """Reads the decompressed stream for tarfile and hashes every byte (the diffID)."""
 
-    def __init__(self, raw: io.BufferedIOBase) -> None:
+    def __init__(self, raw: io.BufferedIOBase, diff_id: str = "", max_bytes: int | None = None) -> None:
         self._raw = raw
         self.hasher = hashlib.sha256()
+        self._diff_id = diff_id
+        self._max_bytes = max_bytes
+        self.count = 0
+        """Uncompressed bytes read so far: the size that counts, whatever the tar headers claim."""
 
     def readable(self) -> bool:
         return True
 
     def read(self, size: int = -1) -> bytes:
         data = self._raw.read(size)
+        self.count += len(data)
+        if self._max_bytes is not None and self.count > self._max_bytes:
+            raise LayerTooLargeError(
+                f"layer {self._diff_id} unpacks to more than this node accepts ({self._max_bytes} bytes "
+                "uncompressed; WARREN_MAX_LAYER_UNPACKED_BYTES)"
+            )
         self.hasher.update(data)
         return data
 
@@ -70,12 +80,14 @@ class _HashingReader(io.RawIOBase):
             pass
 
 
-def unpack_layer(blob: Path, dest: Path, diff_id: str, cancel: threading.Event | None = None) -> None:
+def unpack_layer(
+    blob: Path, dest: Path, diff_id: str, cancel: threading.Event | None = None, max_bytes: int | None = None
+) -> None:
     """Unpack layer ``blob`` (gzip or plain tar, detected by magic) into the new directory ``dest``.
 
     ``dest`` must not exist. On any failure it is removed again. Raises ``UnsafeLayerError``,
     ``UnsupportedImageError`` (zstd), ``DigestMismatchError`` (diffID), ``HostError`` (disk),
-    ``UnpackCancelled``.
+    ``UnpackCancelled``, ``LayerTooLargeError`` (more than ``max_bytes`` of uncompressed tar).
     """
     try:
         os.mkdir(dest, 0o755)
@@ -90,7 +102,7 @@ def unpack_layer(blob: Path, dest: Path, diff_id: str, cancel: threading.Event |
                     f"layer {diff_id} is zstd-compressed; only gzip and plain tar are supported"
                 )
             stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb") if magic[:2] == b"\x1f\x8b" else raw
-            reader = _HashingReader(stream)
+            reader = _HashingReader(stream, diff_id, max_bytes)
             root_fd = os.open(dest, _DIR_FLAGS)
             try:
                 _Extractor(root_fd, cancel).run(reader)

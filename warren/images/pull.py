@@ -21,7 +21,7 @@ import httpx
 
 from warren.images.blobs import Downloader
 from warren.images.config import RegistryConfig
-from warren.images.errors import DigestMismatchError, RegistryError, UnsupportedImageError
+from warren.images.errors import DigestMismatchError, LayerTooLargeError, RegistryError, UnsupportedImageError
 from warren.images.manifest import (
     Descriptor,
     Index,
@@ -167,6 +167,7 @@ async def _materialize(
 
                 def on_bytes(n: int) -> None:
                     nonlocal reported
+                    _check_layer_size(desc.digest, n, config.max_layer_bytes)  # what arrived, not what was declared
                     if n - reported >= PROGRESS_STEP:
                         reported = n
                         emit(ProgressEvent("progress", desc.digest, n, desc.size))
@@ -187,11 +188,13 @@ async def _materialize(
                     if store.has_layer(diff_id):
                         emit(ProgressEvent("exists", diff_id))
                         continue
+                    _check_layer_size(desc.digest, desc.size, config.max_layer_bytes)  # declared: fail early
                     coro = store.ensure_layer(
                         diff_id,
                         desc.digest,
                         downloader(desc),
                         unpack_slots=unpacks,
+                        max_unpacked_bytes=config.max_layer_unpacked_bytes,
                         on_wait=_event(emit, "waiting", diff_id),
                         on_unpack=on_unpack(diff_id),
                     )
@@ -212,6 +215,13 @@ async def _rollback(store: LayerStore, tasks: list[tuple[str, Descriptor, asynci
             await store.discard_layer(diff_id)
         if store.pin_count(desc.digest) == 1:
             store.blobs.remove(desc.digest)
+
+
+def _check_layer_size(digest: str, size: int, cap: int | None) -> None:
+    if cap is not None and size > cap:
+        raise LayerTooLargeError(
+            f"layer {digest} is larger than this node accepts ({cap} bytes compressed; WARREN_MAX_LAYER_BYTES)"
+        )
 
 
 def _first_error(exc: BaseException) -> BaseException:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from warren.errors import HostError
 from warren.images.blobs import BlobCache, Downloader, SingleFlight, digest_hex
+from warren.images.errors import LayerTooLargeError
 from warren.images.layers import remove_tree, unpack_layer
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -94,8 +95,11 @@ class LayerStore:
         unpack_slots: asyncio.Semaphore,
         on_wait: Callable[[], None] | None = None,
         on_unpack: Callable[[bool], None] | None = None,
+        max_unpacked_bytes: int | None = None,
     ) -> bool:
         """Make layer ``diff_id`` present, downloading and unpacking blob ``blob_digest`` if needed.
+
+        ``max_unpacked_bytes`` caps the uncompressed tar stream (``LayerTooLargeError``, nothing kept).
 
         Concurrent calls for one diffID share one download and unpack. Returns True if this call
         (or the call it waited for) created the layer, False if it was already there.
@@ -109,7 +113,11 @@ class LayerStore:
             async with unpack_slots:
                 if on_unpack is not None:
                     on_unpack(False)
-                await self._unpack(blob, diff_id, final)
+                try:
+                    await self._unpack(blob, diff_id, final, max_unpacked_bytes)
+                except LayerTooLargeError:
+                    self.blobs.remove(blob_digest)  # never worth keeping: it would fail again
+                    raise
                 if on_unpack is not None:
                     on_unpack(True)
             self.blobs.remove(blob_digest)
@@ -119,10 +127,10 @@ class LayerStore:
             return False
         return await self._flights.run(diff_id, work, on_wait)
 
-    async def _unpack(self, blob: Path, diff_id: str, final: Path) -> None:
+    async def _unpack(self, blob: Path, diff_id: str, final: Path, max_bytes: int | None = None) -> None:
         tmp = self.tmp / f"layer-{final.name}-{secrets.token_hex(4)}"
         cancel = threading.Event()
-        fut = asyncio.get_running_loop().run_in_executor(None, unpack_layer, blob, tmp, diff_id, cancel)
+        fut = asyncio.get_running_loop().run_in_executor(None, unpack_layer, blob, tmp, diff_id, cancel, max_bytes)
         try:
             await asyncio.shield(fut)
         except asyncio.CancelledError:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import builtins
+import contextlib
 import dataclasses
 import logging
 import secrets
 import string
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from ..errors import (
     InvalidStateError,
     NotFoundError,
     RuntimeFailure,
+    TooManyRequestsError,
     UnavailableError,
 )
 from ..runtime.base import AGENT_PORT, Resources, Runtime, RuntimeKind, SandboxSpec, SandboxStats
@@ -45,6 +47,9 @@ _ID_ALPHABET = string.ascii_lowercase + string.digits
 MAX_FORKS = 20
 _AGENT_START_DEADLINE_S = {RuntimeKind.RUNC: 30.0, RuntimeKind.GVISOR: 60.0}
 DEFAULT_USER = "user"
+_HOLDS_SLOT = frozenset({SandboxState.RUNNING, SandboxState.PAUSING})
+"""States that hold a slot of the node's sandbox cap by themselves; creating and resuming sandboxes
+hold a reservation instead (:meth:`ManagerCore._sandbox_slot`), paused and killing ones none."""
 
 
 def new_sandbox_id() -> str:
@@ -83,7 +88,11 @@ class ManagerCore:
         self._runtimes = runtimes
         self._snapshots = snapshots
         self._registry = registry
-        self.pool = WarmPool(self._pool_start, self._pool_stop, default_size=settings.warm_pool_size)
+        self.pool = WarmPool(
+            self._pool_start, self._pool_stop, default_size=settings.warm_pool_size, room=self._pool_room
+        )
+        self._reserved = 0
+        """Slots of the sandbox cap held by creates and resumes in progress."""
         self._clock = clock
         self._live: dict[str, _Live] = {}
         self._ttl_changed = asyncio.Event()
@@ -117,6 +126,45 @@ class ManagerCore:
     def _admit(self) -> None:
         if self._draining:
             raise UnavailableError("the node is shutting down; try another node")
+
+    # ----- the sandbox cap (E2B: concurrent sandboxes, 429) ----------------------------------------
+
+    def active_count(self) -> int:
+        """Sandboxes holding CPU and memory: running, pausing, and creates/resumes in progress."""
+        return self._reserved + sum(1 for lv in self._live.values() if lv.state in _HOLDS_SLOT)
+
+    def limits(self) -> dict[str, int]:
+        return {"active": self.active_count(), "max": self._settings.max_sandboxes, "spares": self.pool.spares()}
+
+    def _check_room(self, wanted: int = 1, what: str = "") -> None:
+        cap = self._settings.max_sandboxes
+        if cap and self.active_count() + wanted > cap:
+            lead = f"{what} would exceed" if what else "You have reached"
+            raise TooManyRequestsError(
+                f"{lead} the maximum number of concurrent sandboxes on this node ({cap}). "
+                "Kill or pause a sandbox first, or raise WARREN_MAX_SANDBOXES."
+            )
+
+    @contextlib.contextmanager
+    def _sandbox_slot(self) -> Iterator[None]:
+        """Hold one slot of the cap for a create or resume (429 when none is free)."""
+        self._check_room()
+        self._reserved += 1
+        try:
+            yield
+        finally:
+            self._reserved -= 1
+            self.pool.poke()
+
+    def _pool_room(self) -> bool:
+        cap = self._settings.max_sandboxes
+        return not cap or self.active_count() + self.pool.spares() < cap
+
+    async def _make_room(self) -> None:
+        """Stop warm spares while they and the users' sandboxes exceed the cap (spares never block a create)."""
+        cap = self._settings.max_sandboxes
+        while cap and self.active_count() + self.pool.spares() > cap and await self.pool.evict_one():
+            pass
 
     # ----- queries -------------------------------------------------------------------------------
 
@@ -213,18 +261,37 @@ class ManagerCore:
         lifecycle: Lifecycle | None = None,
         snapshot_dir: Path | None = None,
         use_pool: bool = True,
+        admitted: bool = False,
     ) -> SandboxRecord:
         """Start one sandbox from ``origin`` (or ``snapshot_dir``, for forks) and hand it its /init.
 
         A template create claims a warm-pool sandbox when one is ready (then it is only /init'ed);
-        if that sandbox turns out dead, the create starts a fresh one instead.
+        if that sandbox turns out dead, the create starts a fresh one instead. It holds a slot of
+        the node's sandbox cap throughout (429 before anything is made when none is free).
         """
+        if not admitted:
+            with self._sandbox_slot():
+                return await self._launch(
+                    origin,
+                    runtime_name=runtime_name,
+                    timeout_s=timeout_s,
+                    metadata=metadata,
+                    env_vars=env_vars,
+                    secure=secure,
+                    allow_internet=allow_internet,
+                    lifecycle=lifecycle,
+                    snapshot_dir=snapshot_dir,
+                    use_pool=use_pool,
+                    admitted=True,
+                )
         kind = self._runtime_kind(runtime_name or origin.runtime)
         source = snapshot_dir or origin.snapshot_dir
         if source is not None and kind.value != origin.runtime:
             raise InvalidRequestError(f"a {origin.runtime} snapshot cannot start under {kind.value}")
         runtime = self._available_runtime(kind)
         pooled = self.pool.claim(origin, kind) if use_pool and source is None and allow_internet else None
+        if pooled is None:
+            await self._make_room()
         staged = pooled.staged if pooled else await self._stage(origin.runtime_hash if source else None, kind)
         timeout = self._timeout(timeout_s)
         now = self._clock()
@@ -284,6 +351,7 @@ class ManagerCore:
                 allow_internet=allow_internet,
                 lifecycle=lifecycle,
                 use_pool=False,
+                admitted=True,
             )
         except BaseException:
             await asyncio.shield(self._discard(live))
@@ -379,6 +447,7 @@ class ManagerCore:
         finally:
             self._live.pop(sandbox_id, None)
             self._cpu_samples.pop(sandbox_id, None)
+            self.pool.poke()  # a slot of the sandbox cap may be free for a spare
             await self._sandboxes.delete(sandbox_id)
 
     # ----- lifecycle -----------------------------------------------------------------------------

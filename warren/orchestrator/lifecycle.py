@@ -56,7 +56,8 @@ class LifecycleOps(ManagerCore):
         resumed = False
         async with live.lock:
             if live.state is SandboxState.PAUSED:
-                await self._resume_locked(live)
+                with self._sandbox_slot():  # a resumed sandbox holds a slot again (429 when none is free)
+                    await self._resume_locked(live)
                 resumed = True
             if end_at > live.record.end_at or resumed:
                 record = dataclasses.replace(live.record, end_at=end_at)
@@ -94,6 +95,7 @@ class LifecycleOps(ManagerCore):
                 await asyncio.shield(self._discard(live))
             raise
         await self._set_state(live, SandboxState.PAUSED)
+        self.pool.poke()  # its slot of the sandbox cap is free
 
     async def resume(self, sandbox_id: str, timeout_s: int | None = None) -> SandboxRecord:
         """Resume a paused sandbox; ``ConflictError`` if it is running."""

@@ -3,6 +3,10 @@
 A template joins the pool on its first create (no memory is spent on templates nobody uses).
 Pool sandboxes are never in the store: a node that dies leaves them to the orphan reaper. A claimed
 sandbox is reseeded by its ``/init`` (new token, env vars and user), like any other.
+
+Node cap (``max_sandboxes``): the pool refills only while ``room()`` says a slot is free, counting its
+spares (ready and starting) with the users' sandboxes; a create that finds no spare of its own
+template may take a spare's slot (:meth:`WarmPool.evict_one`), so spares never block a create.
 """
 
 from __future__ import annotations
@@ -46,12 +50,15 @@ MAX_FAILURES = 3
 
 Starter = Callable[[Origin, RuntimeKind], Awaitable[Pooled]]
 Stopper = Callable[[Pooled], Awaitable[None]]
+Room = Callable[[], bool]
 
 
 class WarmPool:
-    def __init__(self, start: Starter, stop: Stopper, *, default_size: int) -> None:
+    def __init__(self, start: Starter, stop: Stopper, *, default_size: int, room: Room = lambda: True) -> None:
         self._start = start
         self._stop = stop
+        self._room = room
+        self._starting = 0
         self.default_size = default_size
         self._shelves: dict[tuple[str, RuntimeKind], _Shelf] = {}
         self._sizes: dict[str, int] = {}
@@ -92,6 +99,22 @@ class WarmPool:
         shelf.misses += 1
         return None
 
+    def spares(self) -> int:
+        """Pool sandboxes that hold resources: ready ones and ones being started."""
+        return self._starting + sum(len(s.ready) for s in self._shelves.values())
+
+    def poke(self) -> None:
+        """A slot may have been freed: look again whether a shelf can be refilled."""
+        self._wake.set()
+
+    async def evict_one(self) -> bool:
+        """Stop one ready spare (any template) to free its slot for a create; False if none is ready."""
+        for shelf in self._shelves.values():
+            if shelf.ready:
+                await self._stop_quietly(shelf.ready.pop())
+                return True
+        return False
+
     def forget(self, template_id: str) -> None:
         """A template was deleted or replaced: stop refilling its shelves (drain() stops what is ready)."""
         for key in [k for k in self._shelves if k[0] == template_id]:
@@ -112,9 +135,17 @@ class WarmPool:
                 for shelf in list(self._shelves.values()):
                     while len(shelf.ready) > shelf.target:
                         await self._stop_quietly(shelf.ready.pop())  # tracked: a cancelled stop is redone
-                    if len(shelf.ready) < shelf.target and not self._closed:
+                    if len(shelf.ready) < shelf.target and not self._closed and self._room():
+                        self._starting += 1
+                        counted = True
                         try:
-                            shelf.ready.append(await self._start(shelf.origin, shelf.kind))
+                            pooled = await self._start(shelf.origin, shelf.kind)
+                            self._starting -= 1
+                            counted = False
+                            if self._room():
+                                shelf.ready.append(pooled)
+                            else:  # a create took this slot while the spare was starting
+                                await self._stop_quietly(pooled)
                             shelf.failures = 0
                         except WarrenError as exc:
                             shelf.failures += 1
@@ -124,6 +155,9 @@ class WarmPool:
                                           shelf.failures)  # fmt: skip
                                 shelf.target = 0
                             await asyncio.sleep(1.0)
+                        finally:
+                            if counted:
+                                self._starting -= 1
                         self._wake.set()
                 await self._wake.wait()
         finally:

@@ -129,6 +129,7 @@ class SnapshotOps(LifecycleOps):
         if not 1 <= count <= MAX_FORKS:
             raise InvalidRequestError(f"count must be between 1 and {MAX_FORKS}")
         self._admit()
+        self._check_room(count, f"forking {count} sandbox{'es' if count > 1 else ''}")  # before any snapshot
         repo = self._repo()
         live = self._get_live(sandbox_id)
         async with repo.writing("fork-" + new_sandbox_id()) as data:

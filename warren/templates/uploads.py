@@ -22,13 +22,17 @@ from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import IO
 
-from warren.errors import HostError, InvalidRequestError
+from warren.errors import HostError, InvalidRequestError, PayloadTooLargeError
 
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 MAX_UPLOAD_BYTES = 4 << 30
 _FLUSH_BYTES = 1 << 20
 UNUSED_GRACE_S = 3600.0
 """An upload no template refers to is kept this long: the build that will use it may not have started."""
+
+
+def upload_too_large(max_bytes: int) -> str:
+    return f"upload larger than this node accepts ({max_bytes} bytes; WARREN_MAX_UPLOAD_BYTES)"
 
 
 def check_hash(files_hash: str) -> str:
@@ -73,8 +77,8 @@ class UploadStore:
                 buffered = 0
                 async for chunk in chunks:
                     size += len(chunk)
-                    if size > max_bytes:
-                        raise InvalidRequestError(f"upload larger than {max_bytes} bytes")
+                    if size > max_bytes:  # counted as it arrives: a declared length is never trusted
+                        raise PayloadTooLargeError(upload_too_large(max_bytes))
                     pending.append(chunk)
                     buffered += len(chunk)
                     if buffered >= _FLUSH_BYTES:
@@ -117,4 +121,4 @@ class UploadStore:
         return removed
 
 
-__all__ = ["MAX_UPLOAD_BYTES", "UploadStore", "check_hash"]
+__all__ = ["MAX_UPLOAD_BYTES", "UploadStore", "check_hash", "upload_too_large"]

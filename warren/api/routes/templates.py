@@ -16,11 +16,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ...errors import InvalidRequestError, NotFoundError, UnavailableError
+from ...errors import InvalidRequestError, NotFoundError, PayloadTooLargeError, UnavailableError
 from ...store import TemplateRecord
 from ...templates.build import Build, BuildService
 from ...templates.buildlog import rfc3339
 from ...templates.steps import parse_build_request
+from ...templates.uploads import upload_too_large
 from ..models import ENVD_VERSION, optional_int, parse_json_object
 from ..services import services
 
@@ -149,7 +150,14 @@ async def files_link(request: Request) -> Response:
 
 
 async def upload_files(request: Request) -> Response:
-    """``PUT /warren/uploads/{id}/{hash}`` (201): the tar of one COPY step, stored under its files hash."""
+    """``PUT /warren/uploads/{id}/{hash}`` (201): the tar of one COPY step, stored under its files hash.
+
+    Over ``max_upload_bytes`` (counted as the body arrives; a larger Content-Length is refused at once): 413.
+    """
+    cap = services(request).settings.max_upload_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise PayloadTooLargeError(upload_too_large(cap))
     size = await _builds(request).receive_upload(
         request.path_params["template_id"], request.path_params["filesHash"], request.stream()
     )
