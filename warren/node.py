@@ -232,11 +232,11 @@ async def _serve_locked(
             log_level="warning",
             timeout_graceful_shutdown=_GRACEFUL_HTTP_SHUTDOWN_S,
             timeout_keep_alive=30,
+            # Request-head timeout (slow loris) and a JSON 503 over the concurrency cap: api/httpguard.py.
+            http=guarded_http_protocol(settings.http_header_timeout_s, settings.http_max_concurrency),
         )
         server = _Server(config)
         try:
-            # Request-head timeout (slow loris) and a JSON 503 over the concurrency cap: api/httpguard.py.
-            http=guarded_http_protocol(settings.http_header_timeout_s, settings.http_max_concurrency),
             async with asyncio.TaskGroup() as group:
                 serving = group.create_task(server.serve(), name="http-server")
                 timers = group.create_task(manager.run_timers(), name="ttl-timers")
