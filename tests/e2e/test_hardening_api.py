@@ -7,6 +7,7 @@
 - Snapshot and template names of reserved forms are 400.
 - Runtime records need their class's assets, with file/http(s)/s3 URLs.
 - ``/health`` without the API key says only ``status``.
+- Device nodes in image layers are dropped with a warning in the pull log, not refused.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import os
 import shutil
 import socket
+import tarfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +26,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.framework.images import image_config, layer_from_dir, make_layer, member
 from tests.framework.node import DEFAULT_CACHE, Node, running_node
+from tests.framework.registry import Registry, push_image, registry
+
+__all__ = ["registry"]  # the session fixture, used below
 
 BUSYBOX = DEFAULT_CACHE / "templates" / "busybox" / "rootfs"
 
@@ -329,3 +335,31 @@ def test_health_with_the_key_has_the_details(node: Node) -> None:
         body = c.get("/health").json()
     assert body["status"] == "ok"
     assert {"runtimes", "warmPool", "sandboxes", "agent_bundle"} <= body.keys()
+
+
+# --- device nodes in image layers --------------------------------------------------------------
+
+
+def test_image_with_device_nodes_pulls_with_a_warning(node: Node, registry: Registry) -> None:
+    console, null = member("dev/console", kind=tarfile.CHRTYPE, mode=0o600), member("dev/null", kind=tarfile.CHRTYPE)
+    console[0].devmajor, console[0].devminor, null[0].devmajor, null[0].devminor = 5, 1, 1, 3
+    dev = make_layer([member("dev", kind=tarfile.DIRTYPE, mode=0o755), console, null, member("etc/deb", b"yes\n")])
+    base = layer_from_dir(BUSYBOX)
+    env = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
+    image = push_image(registry, "warren-test/with-dev", "v1", [base, dev], config=image_config([base, dev], env=env))
+    with node.client() as c:
+        r = c.post("/warren/images/pull", json={"image": image.ref, "name": "with-dev"}, timeout=300)
+        assert r.status_code == 200, r.text
+        events = [json.loads(line) for line in r.text.splitlines()]
+        try:
+            assert events[-1]["event"] == "template", events[-1]
+            [warning] = [e for e in events if e["event"] == "warning"]
+            assert warning["digest"] == dev.diff_id
+            assert "2 device nodes not created" in warning["message"] and "dev/console" in warning["message"]
+            logged = [e["message"] for e in events if e["event"] == "log"]
+            assert any(m.startswith("Warning: layer ") and "dev/console" in m for m in logged), logged
+            box = c.post("/v2/sandboxes", json={"templateID": "with-dev"})
+            assert box.status_code == 201, box.text
+            c.delete(f"/sandboxes/{box.json()['sandboxID']}")
+        finally:
+            c.delete("/templates/with-dev")

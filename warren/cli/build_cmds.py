@@ -76,6 +76,8 @@ class _PullView:
             self.note(f"layer {short}: already stored")
         elif kind == "unpacked":
             self.note(f"layer {short}: unpacked")
+        elif kind == "warning":
+            self.note(f"layer {short}: warning: {doc.get('message', '')}")
         elif kind == "log" and self._enabled:
             self.note(str(doc.get("message", "")))
         self._update_overall()

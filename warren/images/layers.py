@@ -6,7 +6,10 @@ Safety rules (violations raise ``UnsafeLayerError`` and leave nothing behind):
   ``O_NOFOLLOW`` from the layer directory, so a member can never be written through a symlink
   (a symlinked parent is refused, wherever the symlink points);
 * hard links must name an earlier, non-directory member of the same layer;
-* character and block devices are refused; FIFOs are allowed (harmless, some images ship them);
+* character and block devices are not created, nor hard links to them: they are dropped and
+  reported (:func:`unpack_layer` returns their names; the pull log shows them), as rootless container
+  engines do. Images made from debootstrap trees carry ``/dev/console`` and friends, and a sandbox
+  gets its own ``/dev``. FIFOs are allowed (harmless, some images ship them);
 * ``trusted.*`` / ``security.*`` xattrs from the tar are dropped (a layer must not smuggle overlayfs
   metadata such as ``trusted.overlay.redirect``); ``user.*`` and ``security.capability`` are kept.
 
@@ -82,8 +85,10 @@ class _HashingReader(io.RawIOBase):
 
 def unpack_layer(
     blob: Path, dest: Path, diff_id: str, cancel: threading.Event | None = None, max_bytes: int | None = None
-) -> None:
+) -> list[str]:
     """Unpack layer ``blob`` (gzip or plain tar, detected by magic) into the new directory ``dest``.
+
+    Returns the names of the device nodes (and hard links to them) that were dropped, in tar order.
 
     ``dest`` must not exist. On any failure it is removed again. Raises ``UnsafeLayerError``,
     ``UnsupportedImageError`` (zstd), ``DigestMismatchError`` (diffID), ``HostError`` (disk),
@@ -105,13 +110,15 @@ def unpack_layer(
             reader = _HashingReader(stream, diff_id, max_bytes)
             root_fd = os.open(dest, _DIR_FLAGS)
             try:
-                _Extractor(root_fd, cancel).run(reader)
+                extractor = _Extractor(root_fd, cancel)
+                extractor.run(reader)
             finally:
                 os.close(root_fd)
         actual = "sha256:" + reader.hasher.hexdigest()
         if actual != diff_id:
             raise DigestMismatchError(f"layer unpacks to diffID {actual}, but the image config says {diff_id}")
         subprocess.run(["sync", "--file-system", str(dest)], check=False, timeout=_SYNC_TIMEOUT_S)
+        return extractor.dropped
     except BaseException as exc:
         with contextlib.suppress(OSError):
             shutil.rmtree(dest)
@@ -139,6 +146,9 @@ class _Extractor:
         self._root = root_fd
         self._cancel = cancel
         self._dir_times: list[tuple[list[str], float]] = []
+        self.dropped: list[str] = []
+        """Device members (and hard links to them) not created, in tar order."""
+        self._dropped_paths: set[str] = set()
 
     def run(self, reader: _HashingReader) -> None:
         with tarfile.open(fileobj=reader, mode="r|", bufsize=_CHUNK) as tar:
@@ -195,8 +205,10 @@ class _Extractor:
         if base.startswith(WHITEOUT_PREFIX):
             self._whiteout(parts)
             return
-        if m.ischr() or m.isblk():
-            raise UnsafeLayerError(f"member {m.name!r} is a device node; layers may not create devices")
+        if m.ischr() or m.isblk() or (m.islnk() and self._links_to_dropped(m)):
+            self._drop_device(parts, m.name)
+            return
+        self._dropped_paths.discard("/".join(parts))
         if not (m.isdir() or m.isreg() or m.issym() or m.islnk() or m.isfifo()):
             raise UnsafeLayerError(f"member {m.name!r} has unsupported tar type {m.type!r}")
         pfd = self._open_dir(parts[:-1], create=True)
@@ -226,6 +238,26 @@ class _Extractor:
                     self._apply_attrs(fd, m)
                 finally:
                     os.close(fd)
+        finally:
+            os.close(pfd)
+
+    def _links_to_dropped(self, m: tarfile.TarInfo) -> bool:
+        return "/".join(_member_parts(m.linkname, f"hard link {m.name!r} -> target")) in self._dropped_paths
+
+    def _drop_device(self, parts: list[str], name: str) -> None:
+        """Record ``name`` as dropped; an earlier member at its path goes (the tar would replace it).
+
+        Nothing is created, not even the parent directories; a parent that is missing, a symlink or
+        not a directory means there is nothing of ours to remove.
+        """
+        self.dropped.append(name)
+        self._dropped_paths.add("/".join(parts))
+        try:
+            pfd = self._open_dir(parts[:-1], create=False)
+        except UnsafeLayerError:
+            return
+        try:
+            _clear(pfd, parts[-1])
         finally:
             os.close(pfd)
 
@@ -324,6 +356,13 @@ def _clear(dir_fd: int, name: str, *, keep_dir: bool = False) -> bool:
     return False
 
 
+def describe_dropped(names: list[str], shown: int = 8) -> str:
+    """One line for the pull log about the device nodes a layer had and did not get."""
+    n = len(names)
+    listed = ", ".join(names[:shown]) + (f", and {n - shown} more" if n > shown else "")
+    return f"{n} device node{'s' if n != 1 else ''} not created (sandboxes get their own /dev): {listed}"
+
+
 def remove_tree(path: Path) -> None:
     """Remove ``path`` and everything below (no error if it is gone); ``HostError`` on failure."""
     try:
@@ -334,4 +373,4 @@ def remove_tree(path: Path) -> None:
         raise HostError(f"cannot remove {path}: {exc}") from exc
 
 
-__all__ = ["OPAQUE_XATTR", "UnpackCancelled", "remove_tree", "unpack_layer"]
+__all__ = ["OPAQUE_XATTR", "UnpackCancelled", "describe_dropped", "remove_tree", "unpack_layer"]

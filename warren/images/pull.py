@@ -41,7 +41,9 @@ PROGRESS_STEP = 4 << 20
 """Bytes between two ``progress`` events of one download."""
 _MAX_INDEX_DEPTH = 2
 
-EventKind = Literal["resolved", "exists", "waiting", "download", "progress", "downloaded", "unpack", "unpacked", "done"]
+EventKind = Literal[
+    "resolved", "exists", "waiting", "download", "progress", "downloaded", "unpack", "unpacked", "warning", "done"
+]
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class ProgressEvent:
     digest: str
     current: int = 0
     total: int = 0
+    message: str = ""
+    """``warning``: what the pull log should say (e.g. device nodes a layer had and did not get)."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,7 @@ async def _materialize(
                         max_unpacked_bytes=config.max_layer_unpacked_bytes,
                         on_wait=_event(emit, "waiting", diff_id),
                         on_unpack=on_unpack(diff_id),
+                        on_warning=_warning(emit, diff_id),
                     )
                     tasks.append((diff_id, desc, tg.create_task(coro, name=f"layer {diff_id[:19]}")))
         except BaseException as exc:
@@ -236,6 +241,10 @@ def _first_error(exc: BaseException) -> BaseException:
 
 def _event(emit: Callable[[ProgressEvent], None], kind: EventKind, digest: str) -> Callable[[], None]:
     return lambda: emit(ProgressEvent(kind, digest))
+
+
+def _warning(emit: Callable[[ProgressEvent], None], diff_id: str) -> Callable[[str], None]:
+    return lambda message: emit(ProgressEvent("warning", diff_id, message=message))
 
 
 def _ignore(_: ProgressEvent) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from warren.errors import HostError
 from warren.images.blobs import BlobCache, Downloader, SingleFlight, digest_hex
 from warren.images.errors import LayerTooLargeError
-from warren.images.layers import remove_tree, unpack_layer
+from warren.images.layers import describe_dropped, remove_tree, unpack_layer
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -55,6 +55,8 @@ class LayerStore:
         self._flights: SingleFlight[bool] = SingleFlight()
         self._pins: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._dropped: dict[str, list[str]] = {}
+        """diffID -> device nodes its unpack dropped, until ``ensure_layer`` reports them."""
 
     def layer_path(self, diff_id: str) -> Path:
         """Where layer ``diff_id`` (``sha256:<hex>``) lives, whether or not it exists yet."""
@@ -93,6 +95,7 @@ class LayerStore:
         download: Downloader,
         *,
         unpack_slots: asyncio.Semaphore,
+        on_warning: Callable[[str], None] | None = None,
         on_wait: Callable[[], None] | None = None,
         on_unpack: Callable[[bool], None] | None = None,
         max_unpacked_bytes: int | None = None,
@@ -120,6 +123,9 @@ class LayerStore:
                     raise
                 if on_unpack is not None:
                     on_unpack(True)
+                dropped = self._dropped.pop(diff_id, [])
+                if dropped and on_warning is not None:
+                    on_warning(describe_dropped(dropped))
             self.blobs.remove(blob_digest)
             return True
 
@@ -132,7 +138,7 @@ class LayerStore:
         cancel = threading.Event()
         fut = asyncio.get_running_loop().run_in_executor(None, unpack_layer, blob, tmp, diff_id, cancel, max_bytes)
         try:
-            await asyncio.shield(fut)
+            self._dropped[diff_id] = await asyncio.shield(fut)
         except asyncio.CancelledError:
             cancel.set()  # the worker stops at its next member and removes its directory
             with contextlib.suppress(BaseException):

@@ -711,6 +711,8 @@ class BuildService:
                 say(f"Downloading layer {short} ({event.total} bytes)")
             elif event.kind == "unpacked":
                 say(f"Unpacked layer {short}")
+            elif event.kind == "warning":
+                say(f"Warning: layer {short}: {event.message}")
 
         try:
             async with self._pull_slot(say):

@@ -66,6 +66,8 @@ async def pull_image(request: Request) -> Response:
         doc: dict[str, Any] = {"event": event.kind, "digest": event.digest}
         if event.total:
             doc.update(current=event.current, total=event.total)
+        if event.message:
+            doc["message"] = event.message
         queue.put_nowait(doc)
 
     async def work() -> TemplateRecord:
