@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 import pytest
+from e2b import Sandbox
+from e2b.exceptions import RateLimitException
 
 from tests.framework.images import Layer, image_config, make_layer, member
 from tests.framework.node import DEFAULT_CACHE, Node, running_node
@@ -88,7 +90,9 @@ def _create(c: httpx.Client, template: str = TEMPLATE) -> httpx.Response:
     return c.post("/v2/sandboxes", json={"templateID": template, "timeout": 300})
 
 
-def test_sandbox_cap_refuses_create_with_e2b_429(capped: Node) -> None:
+def test_sandbox_cap_refuses_create_with_e2b_429(capped: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in capped.env().items():
+        monkeypatch.setenv(key, value)
     with capped.client() as c:
         first, second = _create(c), _create(c)
         assert first.status_code == 201 and second.status_code == 201, (first.text, second.text)
@@ -97,6 +101,10 @@ def test_sandbox_cap_refuses_create_with_e2b_429(capped: Node) -> None:
         assert "maximum number of concurrent" in message and "(2)" in message and "WARREN_MAX_SANDBOXES" in message
         assert len(c.get("/v2/sandboxes").json()) == 2
         assert _sandbox_dirs(capped) == before  # nothing half-created
+        # The unmodified SDK maps it to its RateLimitException, as against E2B.
+        with pytest.raises(RateLimitException, match="maximum number of concurrent"):
+            Sandbox.create(template=TEMPLATE)
+        assert _sandbox_dirs(capped) == before
         c.delete(f"/sandboxes/{first.json()['sandboxID']}")
         third = _create(c)
         assert third.status_code == 201, third.text
@@ -125,6 +133,20 @@ def test_sandbox_cap_counts_resume_and_fork_not_paused(capped: Node) -> None:
         resumed = c.post(f"/sandboxes/{paused}/connect", json={"timeout": 60})
         assert resumed.status_code == 201, resumed.text
         assert _json_error(_create(c), 429)
+    capped.kill_all_sandboxes()
+
+
+def test_auto_resume_over_the_cap_is_429_through_the_proxy(capped: Node) -> None:
+    """Traffic to a paused auto-resume sandbox on a full node: 429 from the proxy, the sandbox stays paused."""
+    with capped.client() as c:
+        body = {"templateID": TEMPLATE, "timeout": 300, "autoPause": True, "autoResume": True}
+        sleeper = c.post("/v2/sandboxes", json=body).json()["sandboxID"]
+        assert c.post(f"/sandboxes/{sleeper}/pause").status_code == 204
+        assert _create(c).status_code == 201 and _create(c).status_code == 201
+        headers = {"E2b-Sandbox-Id": sleeper, "E2b-Sandbox-Port": "49983"}
+        message = _json_error(httpx.get(f"{capped.url}/health", headers=headers, timeout=60), 429)
+        assert "maximum number of concurrent" in message
+        assert c.get(f"/sandboxes/{sleeper}").json()["state"] == "paused"
     capped.kill_all_sandboxes()
 
 

@@ -20,7 +20,7 @@ import websockets
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...aio import race
-from ...errors import WarrenError
+from ...errors import TooManyRequestsError, WarrenError
 from ...orchestrator.states import SandboxState
 from .routing import Target, target_of
 
@@ -169,6 +169,8 @@ class SandboxProxy:
             try:
                 async with asyncio.timeout(_WAKE_DEADLINE_S):
                     woken = await self._wake(target.sandbox_id)
+            except TooManyRequestsError:
+                raise  # the node's sandbox cap: the caller gets E2B's 429, the sandbox stays paused
             except (WarrenError, TimeoutError) as exc:
                 log.warning("auto-resume of %s failed: %s", target.sandbox_id, exc)
                 return None
@@ -182,6 +184,9 @@ class SandboxProxy:
             address = await self._upstream(target)
         except _Paused:
             await _send_json(send, 410, f"The sandbox {target.sandbox_id} is paused; resume it with connect")
+            return
+        except TooManyRequestsError as exc:
+            await _send_json(send, 429, str(exc))
             return
         if address is None:
             await _send_json(send, 502, f"The sandbox {target.sandbox_id} was not found")
@@ -248,7 +253,7 @@ class SandboxProxy:
     async def _websocket(self, target: Target, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             address = await self._upstream(target)
-        except _Paused:
+        except (_Paused, TooManyRequestsError):
             address = None
         first = await receive()
         if first["type"] != "websocket.connect":
