@@ -8,9 +8,9 @@ as asked (``runtimes.runc.hardened`` and ``userns.mode`` "per-sandbox" / "off"),
 Each iteration measures, on both nodes, the same three things the other sections do:
 *create_to_first_command* (``Sandbox.create(template="base")`` until ``commands.run("true")``
 answers, bench/sandboxes.py), *pause* and *resume* of one long-lived sandbox per node (bench/lifecycle.py:
-``pause()``, then ``Sandbox.connect`` until the first command). The node that goes first alternates
-per iteration (on/off, off/on, ...) so load on a shared host falls on both alike. One untimed create
-per node comes first (cold caches).
+``pause()``, then ``Sandbox.connect`` until the first command; ``PAUSE_CYCLES`` of them per iteration,
+as they are short and noisy). The node that goes first alternates per iteration (on/off, off/on, ...)
+so load on a shared host falls on both alike. One untimed create per node comes first (cold caches).
 
 ``idmapped_layers`` times the idmapped-mount step alone, in this process: ``IdmappedLayers`` on the
 base rootfs (a user namespace fd from a forked helper + ``open_tree`` + ``mount_setattr``) opened and
@@ -33,6 +33,7 @@ from tests.framework.node import Node
 TEMPLATE = "base"
 MODES = {"on": True, "off": False}
 METRICS = ("create_to_first_command", "pause", "resume")
+PAUSE_CYCLES = 3
 
 
 def _check_hardening(node: Node, hardened: bool) -> dict[str, Any]:
@@ -72,10 +73,11 @@ def interleaved(nodes: dict[str, Node], n: int) -> dict[str, dict[str, list[floa
                 sdk_env(nodes[key])
                 s = samples[key]
                 s["create_to_first_command"].append(create_to_first_command_once(TEMPLATE))
-                boxes[key], t_pause, t_connect, t_resume = pause_resume_once(boxes[key])
-                s["pause"].append(t_pause)
-                s["resume_connect"].append(t_connect)
-                s["resume"].append(t_resume)
+                for _ in range(PAUSE_CYCLES):
+                    boxes[key], t_pause, t_connect, t_resume = pause_resume_once(boxes[key])
+                    s["pause"].append(t_pause)
+                    s["resume_connect"].append(t_connect)
+                    s["resume"].append(t_resume)
     finally:
         for box in boxes.values():
             box.kill()
@@ -99,7 +101,8 @@ def idmapped_layers_cost(rootfs: Path, n: int) -> dict[str, Any]:
 
 def run_hardening(work: Path, rootfs: Path, scale: float) -> dict[str, Any]:
     n = max(4, int(20 * scale))
-    out: dict[str, Any] = {"iterations": n, "template": TEMPLATE, "nodes": {}}
+    out: dict[str, Any] = {"iterations": n, "pause_cycles_per_iteration": PAUSE_CYCLES, "template": TEMPLATE,
+                           "nodes": {}}
     work.mkdir(parents=True, exist_ok=True)
     saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
     try:
