@@ -74,6 +74,12 @@ class Settings:
     import_roots: tuple[Path, ...] = ()
     """Directories ``/warren/templates/import`` may read from (``WARREN_IMPORT_ROOTS``, colon-separated);
     empty: the cache dir only. See :meth:`allowed_import_roots`."""
+    disk_quota: bool = True
+    """Enforce each sandbox's disk size with a size-capped filesystem per sandbox (``WARREN_DISK_QUOTA=0``
+    turns it off: the upper dir then lives on the host filesystem, unbounded). See ``warren.runtime.disk``."""
+    sandbox_disk_mb: int | None = None
+    """When set, the disk size of every sandbox this node starts, instead of its template's ``diskSizeMB``
+    (``WARREN_SANDBOX_DISK_MB``)."""
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -125,6 +131,8 @@ _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
     "WARREN_HTTP_HEADER_TIMEOUT_S": ("http_header_timeout_s", float),
     "WARREN_HTTP_MAX_CONCURRENCY": ("http_max_concurrency", int),
     "WARREN_IMPORT_ROOTS": ("import_roots", _paths),
+    "WARREN_DISK_QUOTA": ("disk_quota", lambda text: text.strip().lower() not in ("0", "false", "no", "off")),
+    "WARREN_SANDBOX_DISK_MB": ("sandbox_disk_mb", int),
 }
 """Environment variable → (Settings field, parser), applied by :meth:`Settings.from_env`."""
 

@@ -219,7 +219,8 @@ async def _serve_locked(
             registry=node_runtimes.registry,
             reload_runtimes=lambda: node_runtimes.reload(settings),
             builds=builds,
-            info={"node": settings.node_name, "agent_bundle": str(agent_bundle), "footprint": caps.__dict__},
+            info={"node": settings.node_name, "agent_bundle": str(agent_bundle), "footprint": caps.__dict__,
+                  "diskQuota": node_runtimes.backends[RuntimeKind.RUNC].disks.status()},
         )
         app, proxy = create_app(services, max_keepalive=caps.http_max_keepalive)
         manager.on_removed(proxy.abort)

@@ -13,6 +13,7 @@ from .config import Settings
 from .runtime import NetConfig, NetworkManager, OciRuntime
 from .runtime.assets import AssetCache
 from .runtime.base import Runtime, RuntimeKind
+from .runtime.disk import SandboxDisks
 from .runtime.index import RuntimeIndex
 from .runtime.reaper import ReapReport, reap_orphans
 from .runtime.records import RuntimeConfig
@@ -64,15 +65,16 @@ async def start_runtimes(settings: Settings, agent_bundle: Path) -> NodeRuntimes
     network = NetworkManager(NetConfig(cidr=settings.network_cidr))
     await network.setup()
     cgroup_parent = settings.node_name
+    disks = SandboxDisks(settings.state_dir, enabled=settings.disk_quota, size_mb=settings.sandbox_disk_mb)
     backends = {
         RuntimeKind.RUNC: OciRuntime(
             RuntimeKind.RUNC, _binary("runc", None), settings.state_dir, agent_bundle, network,
             cgroup_parent=cgroup_parent, hardened=settings.hardening,
-            uid_ranges=RangeAllocator() if settings.hardening else None,
+            uid_ranges=RangeAllocator() if settings.hardening else None, disks=disks,
         ),
         RuntimeKind.GVISOR: OciRuntime(
             RuntimeKind.GVISOR, _binary("runsc", settings.runsc_path), settings.state_dir, agent_bundle, network,
-            cgroup_parent=cgroup_parent, hardened=settings.hardening,
+            cgroup_parent=cgroup_parent, hardened=settings.hardening, disks=disks,
         ),
     }  # fmt: skip
     for kind, backend in backends.items():

@@ -7,7 +7,7 @@
 A snapshot records, as sets of strings: processes whose cmdline or cwd mentions one of the state dirs
 or that sit in a cgroup under one of our parents; ``ip netns`` entries and links with our prefixes;
 cgroup directories under our parents in every v1 hierarchy and in v2; mounts under the state dirs;
-sandbox dirs; and our nft tables.
+loop devices whose backing file is under a state dir (sandbox disks); sandbox dirs; and our nft tables.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class HostSnapshot:
     links: frozenset[str]
     cgroups: frozenset[str]
     mounts: frozenset[str]
+    loop_devices: frozenset[str]
     sandbox_dirs: frozenset[str]
     nft_tables: frozenset[str]
     # The filters, kept to take the "after" snapshot the same way.
@@ -105,6 +106,17 @@ def _mounts(state_dirs: Sequence[str]) -> frozenset[str]:
     return frozenset(out)
 
 
+def _loop_devices(state_dirs: Sequence[str]) -> frozenset[str]:
+    """``loopN: backing file`` for loop devices bound to a file under a state dir (also a deleted one:
+    the kernel then appends `` (deleted)``, which still starts with the dir)."""
+    out: set[str] = set()
+    for dev in Path("/sys/block").glob("loop*"):
+        backing = _read(str(dev / "loop" / "backing_file"))
+        if backing and any(backing.startswith(d + "/") for d in state_dirs):
+            out.add(f"{dev.name}: {backing}")
+    return frozenset(out)
+
+
 def _sandbox_dirs(state_dirs: Sequence[str]) -> frozenset[str]:
     out: set[str] = set()
     for d in state_dirs:
@@ -140,6 +152,7 @@ def snapshot(
         links=frozenset(links),
         cgroups=_cgroup_dirs(cgroup_parents),
         mounts=_mounts(dirs),
+        loop_devices=_loop_devices(dirs),
         sandbox_dirs=_sandbox_dirs(dirs),
         nft_tables=_nft_tables(nft_tables),
         state_dirs=dirs,

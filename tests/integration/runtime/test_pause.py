@@ -55,8 +55,12 @@ async def test_filesystem_pause_keeps_only_the_disk(sandboxes: SandboxFactory) -
     handle = await _started_with_markers(sandboxes)
     await runtime.pause(handle.sandbox_id, PauseMode.FILESYSTEM)
     assert await runtime.state(handle.sandbox_id) == "paused"
-    # No process, netns, veth, mount or cgroup is left while paused; only the sandbox dir.
-    assert set(before.diff(host_snapshot(runtime.state_dir))) == {"sandbox_dirs"}
+    # No process, netns, veth, overlay or cgroup is left while paused; only the sandbox dir and its disk.
+    left = before.diff(host_snapshot(runtime.state_dir))
+    assert set(left) <= {"sandbox_dirs", "mounts", "loop_devices"}
+    disk = runtime.sandbox_paths(handle.sandbox_id).disk
+    assert left.get("mounts", []) == ([str(disk)] if runtime.disks.enforced else [])
+    assert len(left.get("loop_devices", [])) == (1 if runtime.disks.enforced else 0)
     resumed = await runtime.resume(sandboxes.specs[handle.sandbox_id], PauseMode.FILESYSTEM)
     await _healthy(resumed)
     out = await _sh(sandboxes, handle.sandbox_id, "cat /root/marker; cat /tmp/marker 2>/dev/null || echo gone")

@@ -247,6 +247,7 @@ async def test_orphan_found_from_what_is_left(
     paths.record.unlink()
     if lost.startswith("dir"):
         unmount(paths.rootfs)  # the container keeps its own copy of the mount
+        unmount(paths.disk)  # the overlay keeps the disk's filesystem (and its loop device) until it ends
         shutil.rmtree(paths.root)
     if lost == "dir-and-runtime-state":
         root = runtime_root(runtime)

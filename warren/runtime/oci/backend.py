@@ -21,6 +21,7 @@ from warren.errors import ConflictError, InvalidRequestError, RuntimeFailure, Un
 from warren.runtime.agent_bundle import AGENT_ARGV, agent_environment
 from warren.runtime.base import AGENT_PORT, PauseMode, RuntimeKind, SandboxHandle, SandboxSpec
 from warren.runtime.cgroups import CgroupHierarchies
+from warren.runtime.disk import SandboxDisks
 from warren.runtime.net.manager import NetworkManager
 from warren.runtime.oci.cli import RuntimeCli
 from warren.runtime.oci.command import run_command
@@ -60,6 +61,7 @@ class OciBackendBase:
         cgroups: CgroupHierarchies | None = None,
         hardened: bool = True,
         uid_ranges: RangeAllocator | None = None,
+        disks: SandboxDisks | None = None,
     ) -> None:
         self.kind = kind
         self.binary = binary
@@ -80,6 +82,8 @@ class OciBackendBase:
         self._uid_ranges = uid_ranges if kind is RuntimeKind.RUNC else None
         """Per-sandbox user namespaces (runc only; gVisor's sentry is its own user-space kernel)."""
         self._userns_reason = "" if self._uid_ranges is not None else "not asked for"
+        self.disks = disks if disks is not None else SandboxDisks(self.state_dir)
+        """Per-sandbox disk size (``sandboxes/<id>/disk``, see :mod:`warren.runtime.disk`); may be shared."""
 
     def _cli_for(self, record: SandboxRecord | None) -> RuntimeCli:
         """The CLI of the runtime a sandbox was made with (seed 003: it never changes under a sandbox)."""
@@ -120,6 +124,8 @@ class OciBackendBase:
                 undo.callback(self._release_range, rng)
                 os.chown(paths.root, rng.host, rng.host)
             paths.root.chmod(0o700)
+            undo.push_async_callback(undo_step, "disk", self._release_disk, paths.root)
+            await self._make_disk(paths.root, spec.resources.disk_mb)  # upper/ and work/ live on it
             if upper_from is None:
                 paths.upper.mkdir()
             else:  # snapshots hold 0-based owners; shift them into this sandbox's range
@@ -282,6 +288,20 @@ class OciBackendBase:
         left = await asyncio.to_thread(self._cgroups.remove, self._cgroup_rel(sandbox_id))
         if left:
             raise RuntimeFailure(f"cgroups still in use: {', '.join(map(str, left))}")
+
+    async def _make_disk(self, root: Path, size_mb: int) -> None:
+        """``disks.create`` in a thread; a cancellation waits for the thread so that the undo sees its mount."""
+        made = asyncio.ensure_future(asyncio.to_thread(self.disks.create, root, size_mb))
+        try:
+            await asyncio.shield(made)
+        except asyncio.CancelledError:
+            await asyncio.wait([made])
+            if not made.cancelled():
+                made.exception()  # retrieved: the caller sees the cancellation
+            raise
+
+    async def _release_disk(self, root: Path) -> None:
+        await asyncio.to_thread(self.disks.release, root)
 
     async def _remove_dir(self, root: Path) -> None:
         await asyncio.to_thread(remove_tree, root)

@@ -9,7 +9,9 @@
         sandbox.json                SandboxRecord: what stop()/stats() need, also after a restart
         bundle/config.json          the OCI spec
         bundle/rootfs/              overlay mount point (layers + upper)
-        upper/  work/               overlay upper and work dirs (upper = the sandbox's disk)
+        disk.img  disk/             the sandbox's size-capped disk and its mount point (warren.runtime.disk;
+                                    a plain dir when sizes are not enforced)
+        disk/upper/  disk/work/     overlay upper and work dirs (upper = the sandbox's files)
         lower-empty/                only when the spec has no layers
         etc/{hosts,resolv.conf,hostname}   bind-mounted into the sandbox
         init.pid                    written by the runtime
@@ -61,12 +63,16 @@ class SandboxPaths:
         return self.root / "bundle" / "rootfs"
 
     @property
+    def disk(self) -> Path:
+        return self.root / "disk"
+
+    @property
     def upper(self) -> Path:
-        return self.root / "upper"
+        return self.root / "disk" / "upper"
 
     @property
     def work(self) -> Path:
-        return self.root / "work"
+        return self.root / "disk" / "work"
 
     @property
     def empty_lower(self) -> Path:

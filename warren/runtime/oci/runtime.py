@@ -114,6 +114,7 @@ class OciRuntime(OciBackendBase):
         result["oom_protected_agent"] = self._oom_score_adj is not None
         result["hardened"] = self.hardened
         result["userns"] = self.userns_status()
+        result["disk_quota"] = await asyncio.to_thread(self.disks.probe)
         self._probe = result
         return result
 
@@ -143,6 +144,10 @@ class OciRuntime(OciBackendBase):
                 self._uid_ranges.adopt(record.uid_range)
             self._records[record.sandbox_id] = record
             ids.append(record.sandbox_id)
+            try:  # mounts survive a restart of warren, not a reboot of the host
+                await asyncio.to_thread(self.disks.attach, child)
+            except (OSError, RuntimeFailure) as exc:
+                _log.error("the disk of sandbox %s cannot be mounted again: %s", record.sandbox_id, exc)
         return ids
 
     # ------------------------------------------------------------------ Runtime protocol
@@ -181,6 +186,7 @@ class OciRuntime(OciBackendBase):
 
             await step("container", self._cli_of(sandbox_id).delete, sandbox_id)
             await step("overlay", self._unmount, paths.rootfs)
+            await step("disk", self._release_disk, paths.root)
             if record is not None and record.network is not None:
                 await step("network", self._network.destroy, record.network)
             # By name too: covers a record lost in a crash (the veth dies with its netns).
@@ -213,7 +219,8 @@ class OciRuntime(OciBackendBase):
             raise NotFoundError(f"no sandbox {sandbox_id} on this node")
         res = record.resources
         usage = await asyncio.to_thread(self._cgroups.usage, self._cgroup_rel(sandbox_id))
-        disk = await asyncio.to_thread(directory_usage, paths.upper)
+        on_disk = await asyncio.to_thread(self.disks.usage, paths.root)
+        disk, disk_total = on_disk or (await asyncio.to_thread(directory_usage, paths.upper), res.disk_mb * MIB)
         return SandboxStats(
             cpu_count=res.cpu_count,
             cpu_usage_ns=usage.cpu_usage_ns if usage else 0,
@@ -221,7 +228,7 @@ class OciRuntime(OciBackendBase):
             memory_total=(usage.memory_limit if usage and usage.memory_limit else res.memory_mb * MIB),
             memory_cache=usage.memory_cache if usage else 0,
             disk_used=disk,
-            disk_total=res.disk_mb * MIB,
+            disk_total=disk_total,
         )
 
     async def pause(self, sandbox_id: str, mode: PauseMode) -> None:
