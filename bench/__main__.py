@@ -14,6 +14,8 @@ a section that fails records ``{"error": ...}`` and the others still run:
   shutdown time at two concurrencies;
 * ``hardening`` (bench/hardening.py): runc create-to-first-command, pause and resume on two nodes,
   hardening on vs off (``WARREN_HARDENING``), interleaved; the idmapped-mount step alone.
+* ``disk`` (bench/disk.py): runc create-to-first-command on two nodes, per-sandbox disk sizes enforced
+  vs not (``WARREN_DISK_QUOTA``), interleaved; the disk steps alone (template copy vs mkfs per sandbox).
 
 ``leftovers`` lists anything the benchmark's nodes left on the host (it should be empty). Numbers
 are wall-clock on a possibly shared host: ``machine.loadavg_*`` says how busy it was.
@@ -43,8 +45,9 @@ TARGETS = {
     "hardening_create_to_first_command_on_vs_off_p50_ratio": "<= 1.1",
     "hardening_pause_on_vs_off_p50_ratio": "<= 1.1",
     "hardening_resume_on_vs_off_p50_ratio": "<= 1.1",
+    "disk_create_to_first_command_on_vs_off_p50_ratio": "<= 1.1",
 }
-SECTIONS = ("sandboxes", "templates", "lifecycle", "node", "hardening")
+SECTIONS = ("sandboxes", "templates", "lifecycle", "node", "hardening", "disk")
 
 
 def _machine() -> dict[str, Any]:
@@ -134,6 +137,10 @@ def main() -> None:
             from bench.hardening import run_hardening
 
             results["hardening"] = section(lambda: run_hardening(work / "hardening", rootfs, scale))
+        if "disk" in only:
+            from bench.disk import run_disk
+
+            results["disk"] = section(lambda: run_disk(work / "disk", scale))
         cleanup_bare_cgroups()
         report["leftovers"] = leftovers(work, baseline)
         if report["leftovers"]:
