@@ -4,6 +4,7 @@
 
     state_dir/
       disk-templates/ext4-v1-<size>M.img   one freshly formatted image per size, made once
+      probe/disk/                          the start-up probe's test disk (removed after it)
       sandboxes/<id>/
         disk.img      the sandbox's disk: a sparse copy of the template image of its size
         disk/         where it is mounted; holds the overlay's upper/ and work/
@@ -14,12 +15,23 @@ they need the quota feature on the host filesystem (ext4 needs ``CONFIG_QFMT_V2`
 ``CONFIG_XFS_QUOTA``) and btrfs qgroups answer EDQUOT, not ENOSPC. A loop device plus ext4 works on any
 host filesystem that holds sparse files.
 
-Cost (measured, see ``bench``): copying a 2 GiB template image sparsely is ~1 ms (about 1 MiB of
-metadata; ``mkfs.ext4`` with lazy init would be ~5 ms plus a process), ``LOOP_CONFIGURE`` + ``mount``
-a few ms. The loop device is configured with ``LO_FLAGS_AUTOCLEAR``: unmounting the filesystem (also
-a lazy unmount, also by the orphan reaper's generic unmount) detaches it, so a loop device never
-outlives its mount. The mount uses ``discard`` (files deleted inside free host space) and
-``noinit_itable`` (no background zeroing of inode tables).
+Cost (measured on a 2-core VM, ``make bench`` section ``disk`` has the numbers of a run): a sparse
+copy of the 2 GiB template image is ~0.7 ms (about 1 MiB of metadata) where ``mkfs.ext4`` with lazy
+init per sandbox was ~11 ms (a process); copy + ``LOOP_CONFIGURE`` + ``mount`` ~5-9 ms, the unmount
+~3 ms. With or without a journal the mount costs the same, so the journal stays (a disk survives a
+host crash without fsck). Warm-pool claims do not pay it: a pooled sandbox's disk is made when the pool
+fills.
+
+The loop device is configured with ``LO_FLAGS_AUTOCLEAR`` (so unmounting the filesystem, lazily too,
+also by the orphan reaper's generic unmount, detaches it: a loop device never outlives its mount) and
+direct I/O (no second copy of the data in the host page cache). The mount uses ``discard`` (files
+deleted inside free host space), ``noinit_itable`` (no background zeroing of inode tables) and
+``nosuid,nodev``: through the sandbox's overlay, setuid binaries and device nodes behave as before
+(the overlay's own mount decides), but through ``disk/upper`` on the host they do nothing.
+
+Images are sparse, so the sizes of all disks may add up to more than the host filesystem holds; a
+sandbox that writes into a full host may get I/O errors rather than ENOSPC. Keep headroom (or keep
+``WARREN_SANDBOX_DISK_MB`` x the sandbox cap below the free space).
 
 When loop devices or ``mkfs.ext4`` are unavailable, or the node turns quotas off, ``disk/`` is a plain
 directory on the host filesystem and the size is not enforced; :meth:`SandboxDisks.status` says so.
@@ -155,11 +167,13 @@ class SandboxDisks:
             return "mkfs.ext4 is not installed (e2fsprogs)"
         if not Path("/dev/loop-control").exists():
             return "no /dev/loop-control (loop devices are not available)"
-        root = self.state_dir / "disk-probe"
+        root = self.state_dir / "probe" / "disk"
         try:
+            self.release(root)  # left mounted by a process that died while probing
             if root.exists():
                 self._remove_probe(root)
-            root.mkdir(parents=True, mode=0o700)
+            root.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            root.mkdir(mode=0o700)
             self._create_enforced(root, MIN_DISK_MB)
             (root / DISK_DIR / "probe").write_bytes(b"ok")
             self.release(root)
