@@ -1,8 +1,9 @@
 """Shared plumbing for the benchmark sections: nodes with extra environment, process stats, cleanup.
 
 Every node the benchmark starts lives under one temporary directory; :func:`leftovers` looks for
-what a section could have left on the host (processes naming that directory, mounts under it,
-runtime containers in its ``--root`` dirs, and netns / cgroups of the sandboxes its nodes logged).
+what a section could have left on the host (processes naming that directory, mounts under it, loop
+devices bound to files under it (sandbox disks), runtime containers in its ``--root`` dirs, and netns /
+cgroups of the sandboxes its nodes logged).
 Other nodes on the host (tests running at the same time) share the ``wrn-`` / ``warren`` names, so
 only ids that appear in our own node logs count.
 """
@@ -175,6 +176,9 @@ def leftovers(root: Path, baseline: set[str]) -> dict[str, list[str]]:
                 procs.append(f"{pid} {cmd[:160]}")
     with open("/proc/self/mountinfo") as fh:
         mounts = [line.split()[4] for line in fh if line.split()[4].startswith(prefix)]
+    from warren.runtime.disk import loop_devices_backed_by
+
+    loops = loop_devices_backed_by(root.absolute())
     containers = []
     for rt_root in [*root.rglob("runtime/runc"), *root.rglob("runtime/runsc")]:
         containers += [f"{rt_root}: {p.name}" for p in rt_root.iterdir()] if rt_root.is_dir() else []
@@ -185,6 +189,7 @@ def leftovers(root: Path, baseline: set[str]) -> dict[str, list[str]]:
     for key, items in (
         ("processes", procs),
         ("mounts", mounts),
+        ("loop_devices", loops),
         ("containers", containers),
         ("netns", netns),
         ("cgroups", cgroups),
