@@ -186,3 +186,20 @@ def test_node_override_and_minimum_size(tmp_path: Path) -> None:
         for root in roots:
             disks.release(root)
     assert loop_devices_backed_by(tmp_path / "state") == []
+
+
+async def test_a_stopped_sandbox_frees_its_loop_device_while_others_run(sandboxes: SandboxFactory) -> None:
+    """Other sandboxes' mount namespaces (runc's init, runsc's gofer) must not pin a neighbour's disk."""
+    rt = sandboxes.runtime
+    _need_disks(rt)
+    first = await sandboxes.start(resources=Resources(disk_mb=32))
+    second = await sandboxes.start(resources=Resources(disk_mb=32))
+    third = await sandboxes.start(resources=Resources(disk_mb=32))
+    await _healthy(sandboxes, third.sandbox_id)
+    for gone in (second, first):
+        image = rt.sandbox_paths(gone.sandbox_id).root / DISK_IMAGE
+        await rt.stop(gone.sandbox_id)
+        sandboxes.started.remove(gone.sandbox_id)
+        assert loop_devices_backed_by(image, exact=True) == []
+    assert len(loop_devices_backed_by(rt.state_dir)) == 1
+    await _healthy(sandboxes, third.sandbox_id)
