@@ -199,8 +199,9 @@ class OciBackendBase:
             if not layers:
                 paths.empty_lower.mkdir(exist_ok=True)
                 layers = [paths.empty_lower]
-            self._mount_rootfs(layers, paths, uid_range)
+            # The undo goes first: a cancellation while the worker thread mounts must still unmount.
             undo.push_async_callback(undo_step, "overlay", self._unmount, paths.rootfs)
+            await asyncio.to_thread(self._mount_rootfs, layers, paths, uid_range)
         config = build_config(self._config_inputs(spec, paths, record))
         (paths.bundle / "config.json").write_text(json.dumps(config, indent=1))
         return await self._run(paths, record, undo, restore=restore)
