@@ -14,8 +14,9 @@ from warren.runtime.net.manager import SandboxNetwork, host_nameservers
 from warren.runtime.net.nat import NatRules
 from warren.runtime.net.pool import AddressPool
 from warren.runtime.oci.layout import SandboxRecord, validate_sandbox_id, write_etc_files
-from warren.runtime.oci.spec import DEFAULT_CAPABILITIES, ConfigInputs, build_config
+from warren.runtime.oci.spec import DEFAULT_CAPABILITIES, HARDENED_CAPABILITIES, ConfigInputs, build_config
 from warren.runtime.probe import has_cap_sys_resource, is_static_elf
+from warren.runtime.userns import UidRange
 
 
 def test_pool_slots_and_round_robin() -> None:
@@ -53,8 +54,19 @@ def _inputs(tmp_path: Path, **kw: object) -> ConfigInputs:
 def test_config(tmp_path: Path) -> None:
     config = build_config(_inputs(tmp_path))
     proc, linux = config["process"], config["linux"]
-    assert proc["capabilities"]["bounding"] == list(DEFAULT_CAPABILITIES)
-    assert "CAP_SYS_ADMIN" not in proc["capabilities"]["effective"]
+    assert proc["capabilities"]["bounding"] == list(HARDENED_CAPABILITIES)
+    for cap in ("CAP_SYS_ADMIN", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETFCAP", "CAP_SYS_MODULE"):
+        assert cap not in proc["capabilities"]["effective"]
+    seccomp = linux["seccomp"]
+    assert seccomp["defaultAction"] == "SCMP_ACT_ERRNO"
+    allowed = {n for rule in seccomp["syscalls"] if rule["action"] == "SCMP_ACT_ALLOW" for n in rule["names"]}
+    for refused in ("keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd", "kexec_load",
+                    "init_module", "finit_module", "clock_settime", "settimeofday", "unshare", "setns", "mount",
+                    "io_uring_setup", "syslog"):
+        assert refused not in allowed, refused
+    assert {"type": "cgroup"} in linux["namespaces"]
+    assert "/sys/devices/virtual/powercap" in linux["maskedPaths"]
+    assert "uidMappings" not in linux and {"type": "user"} not in linux["namespaces"]
     assert proc["oomScoreAdj"] == -998
     assert "A=1" in proc["env"]
     assert config["hostname"] == "sbx"
@@ -70,6 +82,22 @@ def test_config(tmp_path: Path) -> None:
     assert "ro" in mounts["/sys"]["options"]
     assert mounts["/etc/hosts"]["source"] == str(tmp_path / "hosts")
     assert "oomScoreAdj" not in build_config(_inputs(tmp_path, oom_score_adj=None))["process"]
+
+
+def test_config_user_namespace(tmp_path: Path) -> None:
+    config = build_config(_inputs(tmp_path, uid_range=UidRange(1 << 30)))
+    linux = config["linux"]
+    assert linux["namespaces"][0] == {"type": "user"}
+    assert linux["uidMappings"] == linux["gidMappings"] == [{"containerID": 0, "hostID": 1 << 30, "size": 65536}]
+    sys_mount = next(m for m in config["mounts"] if m["destination"] == "/sys")
+    assert sys_mount["type"] == "bind" and "ro" in sys_mount["options"]
+
+
+def test_config_unhardened(tmp_path: Path) -> None:
+    """Only for measuring the hardening's cost (WARREN_HARDENING=0): Docker's caps, no filter."""
+    config = build_config(_inputs(tmp_path, hardened=False))
+    assert config["process"]["capabilities"]["bounding"] == list(DEFAULT_CAPABILITIES)
+    assert "seccomp" not in config["linux"]
 
 
 def test_record_round_trip(tmp_path: Path) -> None:

@@ -65,7 +65,11 @@ def test_user_home_and_shell(base: Path) -> None:
     assert (home.st_uid, home.st_gid) == (1000, 1000)
     entry = next(line for line in (rootfs / "etc/passwd").read_text().splitlines() if line.startswith("user:"))
     assert entry.split(":")[5:] == ["/home/user", "/bin/bash"]
-    assert not (rootfs / "usr/bin/sudo").exists()
+    sudo = (rootfs / "usr/bin/sudo").stat()
+    assert sudo.st_uid == 0 and sudo.st_mode & 0o4000, "sudo is setuid root, as in E2B's base image"
+    sudoers = rootfs / "etc/sudoers.d/user"
+    assert sudoers.read_text() == "user ALL=(ALL:ALL) NOPASSWD: ALL\n"
+    assert sudoers.stat().st_mode & 0o777 == 0o440
 
 
 def test_host_ca_bundle_and_clean_apt(base: Path) -> None:
