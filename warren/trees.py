@@ -21,6 +21,7 @@ filesystem refuses, plus :class:`TreeLimitExceeded` and :class:`CopyCancelled` f
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import logging
 import os
@@ -34,6 +35,8 @@ from warren.errors import HostError
 
 __all__ = [
     "FD_WINDOW",
+    "FSYNC_LIMIT",
+    "QUARANTINE",
     "CopyCancelled",
     "OwnerMap",
     "TreeLimitExceeded",
@@ -52,6 +55,12 @@ _log = logging.getLogger(__name__)
 
 FD_WINDOW = 64
 """Directory descriptors a walk keeps open at most (plus its root), whatever the depth."""
+
+QUARANTINE = "quarantine"
+"""The directory under the state dir that start-up garbage is moved aside into (:func:`move_aside`)."""
+
+FSYNC_LIMIT = 4096
+"""Single fsyncs :func:`fsync_tree` makes before it syncs the whole filesystem once instead."""
 
 _LINK_CACHE = 128
 """Hard-linked files whose first copy is remembered (an ``O_PATH`` fd each) to link later names to."""
@@ -303,14 +312,15 @@ def _split(path: str | os.PathLike[str]) -> tuple[str, str]:
 # remove
 
 
-def remove_tree(path: str | os.PathLike[str]) -> None:
-    """Remove ``path`` and everything below it; a missing ``path`` is fine, a file or symlink is
-    just unlinked (a symlink is never followed). Read-only directories are made writable as needed
-    (root needs no such help). A mount point or another filesystem inside the tree raises ``OSError``
-    (``EXDEV``) before anything on it is touched. Immutable/append-only attributes are not handled.
+def remove_tree(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> None:
+    """Remove ``path`` (relative to ``dir_fd`` if given) and everything below it; a missing ``path``
+    is fine, a file or symlink is just unlinked (a symlink is never followed). Read-only directories
+    are made writable as needed (root needs no such help). A mount point or another filesystem
+    inside the tree raises ``OSError`` (``EXDEV``) before anything on it is touched.
+    Immutable/append-only attributes are not handled.
     """
     parent, name = _split(path)
-    pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         _remove_entry(pfd, name)
     finally:
@@ -384,16 +394,22 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def fsync_tree(path: str | os.PathLike[str]) -> None:
-    """fsync every regular file and every directory of the tree at ``path`` (itself included).
+def fsync_tree(path: str | os.PathLike[str], *, max_fsyncs: int = FSYNC_LIMIT) -> None:
+    """Make the tree at ``path`` durable: fsync every regular file and every directory (itself included).
 
-    Symlinks, fifos, sockets and device nodes are never opened (nothing to sync, and opening a
-    device may have effects); a file is opened ``O_NOFOLLOW | O_NONBLOCK`` and checked to be a
-    regular file before it is synced.
+    Bounded: after ``max_fsyncs`` single fsyncs the walk stops and one ``syncfs`` of the tree's
+    filesystem covers the rest (a sandbox can make 100000 directories; one journal commit each would
+    take minutes). Symlinks, fifos, sockets and device nodes are never opened (nothing to sync, and
+    opening a device may have effects); a file is opened ``O_NOFOLLOW | O_NONBLOCK`` and checked to be
+    a regular file before it is synced.
     """
     chain = _Chain.open(path)
+    done = 0
     try:
         for entering, visit in _dfs(chain, strict=True):
+            if done >= max_fsyncs:
+                _syncfs(chain.fds[0])
+                return
             if entering:
                 for name in visit.files:
                     try:
@@ -405,12 +421,22 @@ def fsync_tree(path: str | os.PathLike[str]) -> None:
                     try:
                         if stat.S_ISREG(os.fstat(fd).st_mode):
                             os.fsync(fd)
+                            done += 1
                     finally:
                         os.close(fd)
             else:
                 os.fsync(visit.fd)
+                done += 1
     finally:
         chain.close()
+
+
+def _syncfs(fd: int) -> None:
+    """``syncfs(2)``: write back everything of the filesystem ``fd`` is on."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syncfs(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 # --------------------------------------------------------------------------------------------
@@ -534,6 +560,8 @@ def copy_tree(
     owner: OwnerMap | None = None,
     max_entries: int | None = None,
     cancel: threading.Event | None = None,
+    hardlink: bool = False,
+    ignore: Callable[[str], bool] | None = None,
 ) -> int:
     """Copy the directory ``src`` to ``dst`` (which must not exist, or be an empty directory, whose
     own metadata then becomes ``src``'s, as with ``cp -a --no-target-directory``); return the bytes
@@ -550,6 +578,13 @@ def copy_tree(
     ids without ``owner``. ``owner`` may raise (e.g. ``ValueError`` for an id outside the range it
     maps); the copy then fails like any other error. Example, a user namespace with host base ``R``:
     ``owner=lambda u, g: (u - R, g - R)`` turns host ``R + k`` into ``k``.
+
+    ``hardlink=True`` (``cp -al``): regular files are hard-linked to the source instead of copied
+    (same filesystem only; they share the source's inode, so ``owner`` does not apply to them and
+    nothing may write them in place afterwards); everything else is made as above.
+
+    ``ignore(name)``: entries (at any level) whose name it is true for are not copied, nor is
+    anything below them.
 
     ``max_entries`` bounds the number of entries below ``src`` (:class:`TreeLimitExceeded`);
     ``cancel`` is checked before every entry (:class:`CopyCancelled`). On any failure everything the
@@ -572,7 +607,7 @@ def copy_tree(
         if made:
             os.rmdir(dst)
         raise
-    copier = _Copier(owner, max_entries, cancel)
+    copier = _Copier(owner, max_entries, cancel, hardlink=hardlink, ignore=ignore)
     try:
         dst_chain = _Chain.open(dst)
         try:
@@ -598,7 +633,10 @@ def copy_tree(
 
 
 class _Copier:
-    def __init__(self, owner: OwnerMap | None, max_entries: int | None, cancel: threading.Event | None) -> None:
+    def __init__(self, owner: OwnerMap | None, max_entries: int | None, cancel: threading.Event | None,
+                 *, hardlink: bool = False, ignore: Callable[[str], bool] | None = None) -> None:
+        self._hardlink = hardlink
+        self._ignore = ignore
         self._owner = owner
         self._max = max_entries
         self._cancel = cancel
@@ -628,6 +666,9 @@ class _Copier:
     def run(self, src: _Chain, dst: _Chain) -> None:
         for entering, visit in _dfs(src, strict=True):
             if entering:
+                if self._ignore is not None:
+                    for names in (visit.dirs, visit.files, visit.other):
+                        names[:] = [n for n in names if not self._ignore(n)]
                 if visit.depth > 0:
                     self._tick()
                     name = src.names[-1]
@@ -651,6 +692,9 @@ class _Copier:
         st = os.stat(name, dir_fd=sdir, follow_symlinks=False)
         if not stat.S_ISREG(st.st_mode):
             self._special(sdir, ddir, name)
+            return
+        if self._hardlink:
+            os.link(name, name, src_dir_fd=sdir, dst_dir_fd=ddir, follow_symlinks=False)
             return
         key = (st.st_dev, st.st_ino)
         if st.st_nlink > 1 and (seen := self._links.get(key)) is not None:

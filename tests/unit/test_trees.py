@@ -5,42 +5,22 @@ Needs root (chown to other ids, mknod of whiteouts and block devices, ``trusted.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import stat
-import subprocess
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.framework.deep import make_deep, private_dir
 from warren import trees
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="tree tests need root")
 
 DEPTH = 100_000
 OPAQUE = "trusted.overlay.opaque"
-
-
-def make_deep(root: Path, depth: int, name: str = "d") -> None:
-    """``root/d/d/.../d`` ``depth`` levels below ``root`` with a file ``bottom`` at the end, made
-    through directory fds (the path is far beyond PATH_MAX)."""
-    root.mkdir()
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for _ in range(depth):
-            os.mkdir(name, dir_fd=fd)
-            nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-        wfd = os.open("bottom", os.O_WRONLY | os.O_CREAT, 0o640, dir_fd=fd)
-        os.write(wfd, b"deep data")
-        os.close(wfd)
-    finally:
-        os.close(fd)
 
 
 def read_bottom(root: Path, depth: int) -> bytes:
@@ -63,26 +43,11 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-@contextlib.contextmanager
-def private_dir() -> Iterator[Path]:
-    """A temp dir outside pytest's shared basetemp: pytest's own cleanup (shutil.rmtree) dies on a
-    deep tree, so one left behind by a failing test would break every later pytest run on the host.
-    Removed with ``rm -rf`` (iterative) if ``remove_tree`` fails."""
-    top = Path(tempfile.mkdtemp(prefix="warren-trees-"))
-    try:
-        yield top
-    finally:
-        try:
-            trees.remove_tree(top)
-        except Exception:
-            subprocess.run(["rm", "-rf", "--one-file-system", "--", str(top)], check=False)
-
-
 @pytest.fixture(scope="module")
 def deep() -> Iterator[Path]:
     with private_dir() as top:
         root = top / "tree"
-        make_deep(root, DEPTH)
+        make_deep(root, DEPTH, leaf="bottom", data=b"deep data")
         yield root
 
 
@@ -116,7 +81,8 @@ def test_bottom_up_walk_of_a_deep_tree(deep: Path) -> None:
 def test_usage_and_fsync_of_a_deep_tree(deep: Path) -> None:
     usage = trees.tree_usage(deep)
     assert usage >= DEPTH * 4096  # every directory takes at least one block on ext4/xfs/tmpfs-less fs
-    trees.fsync_tree(deep)
+    trees.fsync_tree(deep)  # 4096 fsyncs, then one syncfs
+    trees.fsync_tree(deep, max_fsyncs=0)
 
 
 def test_copy_and_remove_of_a_deep_tree(deep: Path, scratch: Path) -> None:
@@ -195,6 +161,41 @@ def test_hard_links_within_the_tree_are_kept(tmp_path: Path) -> None:
     assert a.st_ino == b.st_ino == c.st_ino and a.st_nlink == 3
     assert (dst / "sub" / "b").read_text() == "shared"
     assert os.stat(dst / "lonely").st_nlink == 1 and (dst / "lonely").read_text() == "x"
+
+
+def test_hardlink_mode_links_files_and_makes_the_rest(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "etc").mkdir(parents=True)
+    (src / "etc" / "passwd").write_text("root:x:0:0")
+    (src / "bin").symlink_to("usr/bin")
+    os.chmod(src / "etc", 0o750)
+    dst = tmp_path / "dst"
+    assert trees.copy_tree(src, dst, hardlink=True) == 0
+    assert os.stat(dst / "etc" / "passwd").st_ino == os.stat(src / "etc" / "passwd").st_ino
+    assert os.readlink(dst / "bin") == "usr/bin"
+    assert stat.S_IMODE(os.stat(dst / "etc").st_mode) == 0o750
+    assert os.stat(dst / "etc").st_ino != os.stat(src / "etc").st_ino
+
+
+def test_ignore_skips_names_at_every_level(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "pkg" / "__pycache__").mkdir(parents=True)
+    (src / "pkg" / "__pycache__" / "m.pyc").write_text("")
+    (src / "pkg" / "m.py").write_text("x = 1")
+    (src / "top.pyc").write_text("")
+    dst = tmp_path / "dst"
+    trees.copy_tree(src, dst, ignore=lambda n: n == "__pycache__" or n.endswith(".pyc"))
+    assert sorted(str(p.relative_to(dst)) for p in dst.rglob("*")) == ["pkg", "pkg/m.py"]
+
+
+def test_remove_tree_relative_to_a_dir_fd(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        trees.remove_tree("a", dir_fd=fd)
+    finally:
+        os.close(fd)
+    assert not (tmp_path / "a").exists()
 
 
 def test_whiteouts_opaque_dirs_and_devices(tmp_path: Path) -> None:
