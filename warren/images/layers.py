@@ -36,6 +36,7 @@ import threading
 import zlib
 from pathlib import Path
 
+from warren import trees
 from warren.errors import HostError
 from warren.images.errors import DigestMismatchError, LayerTooLargeError, UnsafeLayerError, UnsupportedImageError
 
@@ -121,7 +122,7 @@ def unpack_layer(
         return extractor.dropped
     except BaseException as exc:
         with contextlib.suppress(OSError):
-            shutil.rmtree(dest)
+            trees.remove_tree(dest)
         if isinstance(exc, (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile)):
             raise UnsafeLayerError(f"layer {diff_id} is not a valid (gzipped) tar archive: {exc}") from exc
         if isinstance(exc, OSError):
@@ -350,7 +351,7 @@ def _clear(dir_fd: int, name: str, *, keep_dir: bool = False) -> bool:
     if stat.S_ISDIR(st.st_mode):
         if keep_dir:
             return True
-        shutil.rmtree(name, dir_fd=dir_fd)
+        trees.remove_tree(name, dir_fd=dir_fd)
     else:
         os.unlink(name, dir_fd=dir_fd)
     return False
@@ -366,9 +367,7 @@ def describe_dropped(names: list[str], shown: int = 8) -> str:
 def remove_tree(path: Path) -> None:
     """Remove ``path`` and everything below (no error if it is gone); ``HostError`` on failure."""
     try:
-        shutil.rmtree(path)
-    except FileNotFoundError:
-        pass
+        trees.remove_tree(path)
     except OSError as exc:
         raise HostError(f"cannot remove {path}: {exc}") from exc
 

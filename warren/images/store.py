@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from warren import trees
 from warren.errors import HostError
 from warren.images.blobs import BlobCache, Downloader, SingleFlight, digest_hex
 from warren.images.errors import LayerTooLargeError
@@ -37,18 +38,20 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 class LayerStore:
     """Unpacked layers and the blob cache under ``root``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, quarantine: Path | None = None) -> None:
         self.root = root
         self.layers_dir = root / "layers"
         self.tmp = root / "tmp"
+        self.quarantine = quarantine if quarantine is not None else root.parent / trees.QUARANTINE
+        """Where leftovers that cannot be removed at open are moved aside (never fatal)."""
         try:
             for d in (self.layers_dir, self.tmp):
                 d.mkdir(parents=True, exist_ok=True)
-            for leftover in self.tmp.iterdir():
-                if leftover.is_dir() and not leftover.is_symlink():
-                    remove_tree(leftover)
-                else:
-                    leftover.unlink()
+            for leftover in sorted(self.tmp.iterdir()):
+                try:
+                    trees.remove_tree(leftover)
+                except (OSError, ValueError) as exc:
+                    trees.move_aside(leftover, self.quarantine, f"a layer store temp entry that cannot go ({exc})")
             self.blobs = BlobCache(root, self.tmp)
         except OSError as exc:
             raise HostError(f"cannot open layer store {root}: {exc}") from exc
@@ -150,7 +153,7 @@ class LayerStore:
             remove_tree(tmp)
             if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):  # else: another process was faster
                 raise HostError(f"cannot move layer {diff_id} into place: {exc}") from exc
-        _fsync_dir(self.layers_dir)
+        trees.fsync_dir(self.layers_dir)
 
     async def discard_layer(self, diff_id: str) -> None:
         """Remove layer ``diff_id`` (a failed pull rolling back what it created)."""
@@ -216,14 +219,6 @@ def _unlink_unlocked(path: Path) -> bool:
     finally:
         os.close(fd)
     return True
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 __all__ = ["LayerStore"]

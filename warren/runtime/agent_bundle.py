@@ -18,6 +18,7 @@ are safe and a present bundle is always complete.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
 import hashlib
 import json
@@ -33,6 +34,7 @@ from pathlib import Path
 from warren.errors import RuntimeFailure
 from warren.runtime.base import AGENT_MOUNT, AGENT_PORT
 from warren.runtime.oci.command import run_command
+from warren.trees import copy_tree, remove_tree, walk
 
 __all__ = ["AGENT_ARGV", "BUNDLE_FORMAT", "agent_environment", "build_agent_bundle"]
 
@@ -95,10 +97,12 @@ def _stat_key(path: Path) -> str:
 
 
 def _guest_files(guest_src: Path) -> list[Path]:
+    """The guest package's source files, in ``os.walk`` order with sorted names (the bundle key hashes them)."""
     files = []
-    for root, dirs, names in os.walk(guest_src):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        files += [Path(root, n) for n in sorted(names) if not n.endswith((".pyc", ".pyo"))]
+    for visit in walk(guest_src):
+        visit.dirs[:] = sorted(d for d in visit.dirs if d != "__pycache__")
+        root = Path(guest_src, visit.path)
+        files += [root / n for n in sorted(visit.files + visit.other) if not n.endswith((".pyc", ".pyo"))]
     return files
 
 
@@ -131,11 +135,10 @@ async def _linked_libs(binaries: Iterable[Path]) -> dict[str, Path]:
 
 
 def _copy_stdlib(src: Path, dst: Path) -> None:
-    def ignore(_dir: str, names: list[str]) -> set[str]:
-        skip = {n for n in names if n in _SKIP_DIRS or n.startswith("config-")}
-        return skip | {n for n in names for pat in _SKIP_FILES if fnmatch.fnmatch(n, pat)}
+    def ignore(name: str) -> bool:
+        return name in _SKIP_DIRS or name.startswith("config-") or any(fnmatch.fnmatch(name, p) for p in _SKIP_FILES)
 
-    shutil.copytree(src, dst, ignore=ignore, symlinks=True)
+    copy_tree(src, dst, ignore=ignore)
 
 
 def _copy_libs(libs: dict[str, Path], dest: Path) -> None:
@@ -155,7 +158,8 @@ def _publish(tmp: Path, final: Path) -> None:
     except OSError:
         if not final.is_dir():
             raise
-        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            remove_tree(tmp)
 
 
 def _write_static_parts(tmp: Path, python: Path, info: dict[str, str], libs: dict[str, Path],
@@ -172,11 +176,13 @@ def _write_static_parts(tmp: Path, python: Path, info: dict[str, str], libs: dic
     pkg = tmp / "pkg" / "warren"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    shutil.copytree(guest_src, pkg / "guest", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    copy_tree(guest_src, pkg / "guest", ignore=lambda n: n == "__pycache__" or n.endswith(".pyc"))
     (tmp / "agent.py").write_text(_LAUNCHER)
-    for path in tmp.rglob("*"):
-        if not path.is_symlink():
-            path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
+    for visit in walk(tmp):  # symlinks (in `other`) keep their modes
+        for names, bits in ((visit.dirs, 0o555), (visit.files, 0o444)):
+            for name in names:
+                mode = os.stat(name, dir_fd=visit.fd, follow_symlinks=False).st_mode
+                os.chmod(name, mode | bits, dir_fd=visit.fd)
     tmp.chmod(0o755)
     return [tmp / "bin" / "python3", *(tmp / "lib" / n for n in libs)]
 
@@ -235,9 +241,11 @@ async def build_agent_bundle(
         await _populate(tmp, interpreter, info, libs, guest_src, ca)
         await asyncio.to_thread(_publish, tmp, final)
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            remove_tree(tmp)
         raise RuntimeFailure(f"cannot build the agent bundle in {cache_dir}: {exc}") from exc
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            remove_tree(tmp)
         raise
     return final

@@ -8,9 +8,12 @@ plus a v2 mount) both work.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from warren.trees import walk
 
 __all__ = ["CgroupHierarchies", "CgroupUsage"]
 
@@ -146,9 +149,11 @@ class CgroupHierarchies:
         """
         left = []
         for top in self.existing(rel):
-            for root, dirs, _files in os.walk(top, topdown=False):
-                for d in dirs:
-                    _rmdir(Path(root, d))
+            # A sandbox with a cgroup namespace can nest cgroups at any depth: bottom-up, by fd, no recursion.
+            for visit in walk(top, topdown=False):
+                for d in visit.dirs:
+                    with contextlib.suppress(OSError):  # reported by the caller, which checks what still exists
+                        os.rmdir(d, dir_fd=visit.fd)
             _rmdir(top)
             if top.exists():
                 left.append(top)

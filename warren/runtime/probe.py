@@ -11,6 +11,7 @@ warren never modifies a runtime binary; it reports the problem instead.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import resource
@@ -26,6 +27,7 @@ from warren.runtime.base import AGENT_MOUNT, RuntimeKind
 from warren.runtime.net.netns import delete_netns, netns_path
 from warren.runtime.oci.command import RuntimeCommandError, run_command
 from warren.runtime.oci.spec import AGENT_OOM_SCORE_ADJ
+from warren.trees import remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +179,8 @@ async def probe_runsc(
     finally:
         await run_command([binary, *flags, "delete", "--force", cid], timeout=SMOKE_TIMEOUT, check=False)
         await delete_netns(ns, None)
-        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            remove_tree(tmp)
     info["smoke_ms"] = round((time.monotonic() - started) * 1000, 1)
     output = (result.stderr_text + result.stdout_text).strip()
     if result.returncode == 0:

@@ -58,6 +58,7 @@ from warren.runtime.oci.runtime import OciRuntime
 from warren.runtime.oci.steps import load_record, remove_tree
 from warren.runtime.processes import PROC, ProcessIdentity, read_identity, terminate_group
 from warren.runtime.rootfs import mounts_under, unmount
+from warren.trees import walk
 
 __all__ = ["ReapReport", "reap_orphans", "runtime_root"]
 
@@ -189,9 +190,10 @@ def _cgroup_pids(hier: CgroupHierarchies, rel: str) -> set[int]:
     """Every pid in cgroup ``rel`` or below it, in every hierarchy."""
     pids: set[int] = set()
     for top in hier.existing(rel):
-        for root, _dirs, _files in os.walk(top):
+        for visit in walk(top):  # nested cgroups of any depth, by fd, no recursion
             try:
-                text = Path(root, "cgroup.procs").read_text()
+                with os.fdopen(os.open("cgroup.procs", os.O_RDONLY | os.O_CLOEXEC, dir_fd=visit.fd), "rb") as procs:
+                    text = procs.read().decode(errors="replace")
             except OSError:
                 continue
             pids.update(int(p) for p in text.split() if p.isdigit())

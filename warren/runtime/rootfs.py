@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from warren.errors import RuntimeFailure
+from warren.trees import tree_usage
 
 __all__ = ["directory_usage", "is_mountpoint", "mount_overlay", "mounts_under", "unmount"]
 
@@ -82,21 +83,6 @@ def is_mountpoint(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) ->
 
 
 def directory_usage(root: Path) -> int:
-    """Bytes allocated on disk by the files under ``root`` (without following symlinks)."""
-    total = 0
-    stack = [str(root)]
-    while stack:
-        try:
-            entries = os.scandir(stack.pop())
-        except OSError:
-            continue
-        with entries:
-            for entry in entries:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                total += st.st_blocks * 512
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-    return total
+    """Bytes allocated on disk by the files under ``root`` (without following symlinks); kept for
+    its callers, see :func:`warren.trees.tree_usage` (descriptor-based: any depth, any path length)."""
+    return tree_usage(root)

@@ -6,57 +6,61 @@
 
 Writes are atomic: data first (fsynced), then the manifest (temp file, fsync, rename, directory
 fsync), then the staging dir is renamed into place.
+
+Snapshot data is whatever the sandbox wrote: every walk, fsync and removal of it goes through
+:mod:`warren.trees` (iterative, descriptor-based, never following symlinks). Opening the repository
+never fails on garbage in it: a directory that is not a complete snapshot (no or an unreadable
+manifest, e.g. half-written by an older version or by hand) is logged and moved aside into the
+quarantine dir (``<root>/../quarantine`` unless given); a temp dir that cannot be removed too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import secrets
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from .. import trees
 from ..errors import ConflictError, NotFoundError
 from .manifest import ManifestError, SnapshotManifest
 
 MANIFEST = "manifest.json"
 DATA = "data"
+QUARANTINE = trees.QUARANTINE
+
+log = logging.getLogger(__name__)
 
 
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            path = os.path.join(dirpath, name)
-            if os.path.islink(path):
-                continue
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            except OSError:
-                continue  # sockets, fifos, whiteout char devices: nothing to sync
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def _remove_or_move_aside(path: Path, quarantine: Path, what: str) -> None:
+    """Remove a temp tree; if that fails, move it aside (logged): never raises ``OSError``."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        trees.remove_tree(path)
+    except (OSError, ValueError) as exc:
+        trees.move_aside(path, quarantine, f"{what} that cannot be removed ({exc})")
 
 
 class SnapshotRepository:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, quarantine: Path | None = None) -> None:
         self.root = root
         self._tmp = root / ".tmp"
+        self.quarantine = quarantine if quarantine is not None else root.parent / QUARANTINE
         self._tmp.mkdir(parents=True, exist_ok=True)
-        for stale in self._tmp.iterdir():
-            shutil.rmtree(stale, ignore_errors=True)
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """At open: empty ``.tmp`` (writes a crash interrupted), move aside what is not a snapshot."""
+        for stale in sorted(self._tmp.iterdir()):
+            _remove_or_move_aside(stale, self.quarantine, "a leftover snapshot temp dir")
+        for entry in sorted(self.root.iterdir()):
+            if entry.name.startswith("."):
+                continue
+            reason = _not_a_snapshot(entry)
+            if reason is not None:
+                trees.move_aside(entry, self.quarantine, reason)
 
     def path(self, snapshot_id: str) -> Path:
         return self.root / snapshot_id
@@ -75,23 +79,24 @@ class SnapshotRepository:
             yield staging / DATA
         finally:
             if staging.exists():
-                await asyncio.to_thread(shutil.rmtree, staging, True)
+                await asyncio.shield(asyncio.to_thread(
+                    _remove_or_move_aside, staging, self.quarantine, "the temp dir of a failed snapshot"))
 
     async def commit(self, data_dir: Path, manifest: SnapshotManifest) -> None:
         """Publish a staged snapshot: data fsynced, manifest last, then one rename into place."""
         staging = data_dir.parent
 
         def publish() -> None:
-            _fsync_tree(data_dir)
+            trees.fsync_tree(data_dir)
             tmp = staging / (MANIFEST + ".tmp")
             with open(tmp, "wb") as f:
                 f.write(manifest.encode())
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, staging / MANIFEST)
-            _fsync_dir(staging)
+            trees.fsync_dir(staging)
             os.rename(staging, self.root / manifest.snapshot_id)
-            _fsync_dir(self.root)
+            trees.fsync_dir(self.root)
 
         await asyncio.to_thread(publish)
 
@@ -133,7 +138,20 @@ class SnapshotRepository:
 
         def remove() -> None:
             os.rename(self.root / snapshot_id, trash)  # atomic: the snapshot is gone at once
-            _fsync_dir(self.root)
-            shutil.rmtree(trash, ignore_errors=True)
+            trees.fsync_dir(self.root)
+            _remove_or_move_aside(trash, self.quarantine, "a deleted snapshot")
 
         await asyncio.to_thread(remove)
+
+
+def _not_a_snapshot(entry: Path) -> str | None:
+    """Why ``entry`` (in the repository root) is not a complete snapshot, or None when it is one."""
+    if entry.is_symlink() or not entry.is_dir():
+        return "not a snapshot directory"
+    try:
+        SnapshotManifest.decode((entry / MANIFEST).read_bytes())
+    except FileNotFoundError:
+        return f"a snapshot dir without {MANIFEST} (half-written)"
+    except (OSError, ManifestError) as exc:
+        return f"a snapshot dir with an unreadable {MANIFEST}: {exc}"
+    return None

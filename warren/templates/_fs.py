@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from warren import trees
 from warren.errors import HostError
 
 _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
@@ -77,7 +78,8 @@ def remove_tree(path: Path) -> None:
 
     A failed debootstrap can leave /proc, /sys or a bind-mounted /dev inside its target, and a
     plain recursive delete would then descend into the host's. So: unmount everything below
-    ``path`` first, then delete with ``--one-file-system`` as a second guard.
+    ``path`` first, then delete with :func:`warren.trees.remove_tree`, which never crosses into
+    another filesystem nor follows a symlink, and copes with any depth.
     """
     if not path.exists() and not path.is_symlink():
         return
@@ -87,7 +89,10 @@ def remove_tree(path: Path) -> None:
     left = mountpoints_under(path)
     if left:
         raise HostError(f"refusing to delete {path}: still mounted below it: {', '.join(map(str, left))}")
-    run(["rm", "-rf", "--one-file-system", "--", path], timeout=600)
+    try:
+        trees.remove_tree(path)
+    except (OSError, ValueError) as exc:
+        raise HostError(f"cannot remove {path}: {exc}") from exc
 
 
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
@@ -109,11 +114,7 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
 
 def fsync_dir(path: Path) -> None:
     """Make a rename or create inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    trees.fsync_dir(path)
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ the agent bundle's Python), then seals the sandbox's upper directory as one new 
 2. the steps, each logged under its SDK step number; a failure ends the build;
 3. ``pause(FILESYSTEM)`` ends every process and unmounts the overlay; the upper dir (which already
    uses overlay whiteouts and opaque xattrs, so it works as a lower layer as it is) is renamed to
-   ``state_dir/layers/build-<key>-<rand>/`` (copied with ``cp -a`` across filesystems);
+   ``state_dir/layers/build-<key>-<rand>/`` (copied with ``trees.copy_tree`` across filesystems);
 4. the sandbox is stopped, the template record written (layers = parents + the new one).
 
 Caching: every step prefix has a key (``steps.chain_keys``: the parent layers, the metadata, each
@@ -63,7 +63,7 @@ from warren.runtime.base import AGENT_MOUNT, PauseMode, Resources, RuntimeKind, 
 from warren.runtime.oci.layout import SandboxPaths
 from warren.store import TemplateRecord, TemplateRepo
 from warren.templates import guest_helper
-from warren.templates._fs import fsync_dir, remove_tree, run
+from warren.templates._fs import fsync_dir, remove_tree
 from warren.templates.agent_client import AgentClient, AgentError
 from warren.templates.buildlog import BuildLog, BuildStatus
 from warren.templates.steps import (
@@ -88,6 +88,7 @@ from warren.templates.steps import (
     seal_point,
 )
 from warren.templates.uploads import UploadStore, check_hash
+from warren.trees import QUARANTINE, TreeLimitExceeded, copy_tree, move_aside
 
 log = logging.getLogger(__name__)
 
@@ -234,9 +235,13 @@ class BuildService:
                     with contextlib.suppress(WarrenError):
                         await runtime.stop(entry.name)
         if self.layers_dir.is_dir():
-            for entry in self.layers_dir.iterdir():
+            for entry in sorted(self.layers_dir.iterdir()):
                 if entry.name.startswith(".tmp-" + LAYER_PREFIX):
-                    await asyncio.to_thread(remove_tree, entry)
+                    try:
+                        await asyncio.to_thread(remove_tree, entry)
+                    except HostError as exc:
+                        await asyncio.to_thread(move_aside, entry, self._settings.state_dir / QUARANTINE,
+                                                f"a half-sealed build layer that cannot be removed ({exc})")
         await self.gc()
 
     async def aclose(self) -> None:
@@ -527,8 +532,11 @@ class BuildService:
                 raise HostError(f"cannot move the build layer into {final}: {exc}") from exc
             tmp = self.layers_dir / f".tmp-{name}"
             try:
-                run(["cp", "-a", "--no-target-directory", upper, tmp], timeout=3600)
+                copy_tree(upper, tmp)  # removes its partial copy itself on failure
                 os.rename(tmp, final)
+            except (OSError, TreeLimitExceeded) as exc:
+                remove_tree(tmp)
+                raise HostError(f"cannot copy the build layer into {tmp}: {exc}") from exc
             except BaseException:
                 remove_tree(tmp)
                 raise

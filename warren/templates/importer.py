@@ -5,9 +5,9 @@
         <name>-<random>/          one layer: a complete root filesystem, never written to again
 
 Layers are the lowest (read-only) overlayfs directories of sandboxes. A layer on the same
-filesystem as its source is a hard-link copy (``cp -al``: seconds for a Debian rootfs, no extra
-space); the source must then never be modified in place, which holds for the template cache
-because it only ever replaces whole template directories.
+filesystem as its source is a hard-link copy (``trees.copy_tree(hardlink=True)``, as ``cp -al``:
+seconds for a Debian rootfs, no extra space); the source must then never be modified in place,
+which holds for the template cache because it only ever replaces whole template directories.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
+from warren import trees
 from warren.errors import ForbiddenError, HostError, InvalidRequestError, NotFoundError
 from warren.templates._fs import exclusive_lock, fsync_dir, remove_tree, run
 
@@ -103,17 +104,20 @@ def resolve_rootfs(src: Path) -> Path:
 def copy_tree(source: Path, dest: Path) -> None:
     """Copy ``source`` to the not yet existing ``dest``: hard links on one filesystem, else a full copy.
 
-    Either way ownership, modes, timestamps, xattrs and symlinks are kept (``cp -a``), and mounts
-    below ``source`` are not followed (``--one-file-system``).
+    Either way ownership, modes, timestamps, xattrs and symlinks are kept (:func:`warren.trees.copy_tree`:
+    iterative, never following a symlink), and a mount below ``source`` is refused. Device nodes other
+    than overlayfs whiteouts, and sockets, are not copied.
     """
-    base = ["cp", "-a", "--one-file-system", "--no-target-directory"]
     if _same_filesystem(source, dest.parent):
         try:
-            run([*base, "--link", source, dest], timeout=COPY_TIMEOUT_S)
+            trees.copy_tree(source, dest, hardlink=True)
             return
-        except HostError:
-            remove_tree(dest)  # e.g. EXDEV through a bind mount, or a full link count: copy instead
-    run([*base, source, dest], timeout=COPY_TIMEOUT_S)
+        except OSError:
+            pass  # e.g. EXDEV through a bind mount, or a full link count: copy instead (dest is gone)
+    try:
+        trees.copy_tree(source, dest)
+    except OSError as exc:
+        raise HostError(f"cannot copy {source} to {dest}: {exc}") from exc
 
 
 def slugify(name: str) -> str:

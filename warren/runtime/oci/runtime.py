@@ -66,11 +66,18 @@ from warren.runtime.oci.snapshots import (
     new_meta,
     open_snapshot,
 )
-from warren.runtime.oci.steps import as_runtime_failure, load_record, read_pid, remove_tree, undo_step
+from warren.runtime.oci.steps import (
+    as_runtime_failure,
+    load_record,
+    read_pid,
+    remove_tree,
+    set_aside_unreadable,
+    undo_step,
+)
 from warren.runtime.probe import probe_runc, probe_runsc
 from warren.runtime.rootfs import directory_usage
 from warren.runtime.userns import probe_idmapped_mounts, to_neutral, unsearchable_ancestor
-from warren.trees import shift_owner
+from warren.trees import QUARANTINE, shift_owner
 
 __all__ = ["OciRuntime"]
 
@@ -136,7 +143,10 @@ class OciRuntime(OciBackendBase):
         ids = []
         for child in sorted(self._sandboxes.iterdir()) if self._sandboxes.is_dir() else []:
             record = load_record(SandboxPaths(child))
-            if record is None or record.kind is not self.kind:
+            if record is None:  # garbage must not stop the node: unreadable ones are moved aside
+                await asyncio.to_thread(set_aside_unreadable, SandboxPaths(child), self._sandboxes.parent / QUARANTINE)
+                continue
+            if record.kind is not self.kind:
                 continue
             if record.network is not None:
                 self._network.adopt(record.network)

@@ -10,29 +10,31 @@ the caller made; :meth:`~warren.runtime.oci.runtime.OciRuntime.restore` reads on
                      moment as ``upper/``; a memory image restored onto any other upper silently diverges
                      from its files (guest-agent-notes B8)
 
-Copies are ``cp -a --reflink=auto``: owners, modes (setuid too), timestamps, symlinks, hard links within
-the tree, fifos, and every xattr, including overlayfs' ``trusted.overlay.*`` (opaque dirs, origin) and the
-0/0 character-device whiteouts. Checked on this host's ext4 (kernel 6.18, coreutils 9.1): a copy of an
-upper dir mounted over the same lowers shows the same merged tree. The only difference is the link count
-of whiteouts: overlayfs hard-links them to one shared inode in its work dir, and the copy has its own.
+Copies are :func:`warren.trees.copy_tree` in a worker thread (iterative and descriptor-based, so a tree
+of any depth made inside the sandbox copies, and no symlink is ever followed): owners (optionally mapped),
+modes (setuid too), timestamps, symlinks, hard links within the tree, fifos, and every xattr, including
+overlayfs' ``trusted.overlay.*`` (opaque dirs, origin) and the 0/0 character-device whiteouts; any other
+device node and sockets are skipped. A copy of an upper dir mounted over the same lowers shows the same
+merged tree. The only difference is the link count of whiteouts: overlayfs hard-links them to one shared
+inode in its work dir, and the copy has its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
-import stat
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from warren import trees
 from warren.errors import InvalidRequestError, RuntimeFailure
 from warren.runtime.base import Resources, RuntimeKind
-from warren.runtime.oci.command import run_command
-from warren.runtime.oci.steps import remove_tree
 
 __all__ = [
     "COPY_TIMEOUT",
@@ -51,7 +53,7 @@ SNAPSHOT_FORMAT = 1
 """Bumped when the directory layout or ``meta.json`` changes incompatibly."""
 
 COPY_TIMEOUT = 1800.0
-"""Seconds for one ``cp -a`` of an upper dir or a memory image (a few GB on a slow disk)."""
+"""Seconds for one copy of an upper dir or a memory image (a few GB on a slow disk)."""
 
 META = "meta.json"
 UPPER = "upper"
@@ -114,39 +116,33 @@ def check_empty_dir(dest: Path) -> Path:
 
 def clear_dir(dest: Path) -> None:
     """Remove everything inside ``dest`` (not ``dest`` itself): a failed snapshot leaves it empty."""
-    if dest.is_dir():
-        for child in dest.iterdir():
-            if child.is_dir() and not child.is_symlink():
-                remove_tree(child)
-            else:
-                child.unlink()
+    trees.clear_dir(dest)
 
 
 async def copy_tree(src: Path, dst: Path, *, owner: Callable[[int, int], tuple[int, int]] | None = None) -> float:
-    """Copy directory ``src`` to ``dst`` (which must not exist) with ``cp -a --reflink=auto``; return
-    the seconds it took. ``owner`` maps each (uid, gid) of the copy. A failure raises ``RuntimeFailure``
-    and may leave a partial ``dst``."""
-    result = await run_command(["cp", "-a", "--reflink=auto", "--no-target-directory", "--", src, dst],
-                               timeout=COPY_TIMEOUT)
-    if owner is not None:
-        await asyncio.to_thread(_map_owners, dst, owner)
-    return result.duration
+    """Copy directory ``src`` to ``dst`` (which must not exist) with :func:`warren.trees.copy_tree` in a
+    worker thread; return the seconds it took. ``owner(uid, gid) -> (uid, gid)`` gives each copied
+    entry its owner from its source's (see :func:`warren.trees.copy_tree`).
 
-
-def _map_owners(root: Path, owner: Callable[[int, int], tuple[int, int]]) -> None:
-    """lchown every entry under ``root`` through ``owner`` (iteratively; symlinks are not followed)."""
-    stack = [str(root)]
-    while stack:
-        path = stack.pop()
-        st = os.lstat(path)
-        uid, gid = owner(st.st_uid, st.st_gid)
-        mode = stat.S_IMODE(st.st_mode)
-        os.lchown(path, uid, gid)
-        if mode & (stat.S_ISUID | stat.S_ISGID) and not stat.S_ISLNK(st.st_mode):
-            os.chmod(path, mode)  # chown clears setuid/setgid bits
-        if stat.S_ISDIR(st.st_mode):
-            with os.scandir(path) as entries:
-                stack.extend(e.path for e in entries)
+    A failure, :data:`COPY_TIMEOUT` or a cancellation of the calling task stops the copy at its next
+    entry, and the partial ``dst`` is removed before this returns; failures and the timeout raise
+    ``RuntimeFailure``.
+    """
+    started = time.monotonic()
+    cancel = threading.Event()
+    work = asyncio.ensure_future(asyncio.to_thread(trees.copy_tree, src, dst, owner=owner, cancel=cancel))
+    try:
+        await asyncio.wait_for(asyncio.shield(work), COPY_TIMEOUT)
+    except BaseException as exc:
+        cancel.set()  # the worker stops at its next entry and removes what it made
+        with contextlib.suppress(BaseException):
+            await work
+        if isinstance(exc, TimeoutError):
+            raise RuntimeFailure(f"copying {src} to {dst} took longer than {COPY_TIMEOUT:.0f}s") from exc
+        if isinstance(exc, OSError | ValueError | trees.TreeLimitExceeded):
+            raise RuntimeFailure(f"copying {src} to {dst} failed: {exc}") from exc
+        raise
+    return time.monotonic() - started
 
 
 @dataclass(frozen=True)

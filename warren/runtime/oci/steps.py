@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from warren import trees
 from warren.errors import RuntimeFailure, WarrenError
 from warren.runtime.oci.layout import SandboxPaths, SandboxRecord
 from warren.runtime.rootfs import mounts_under
 
-__all__ = ["as_runtime_failure", "load_record", "read_pid", "remove_tree", "undo_step"]
+__all__ = ["as_runtime_failure", "load_record", "read_pid", "remove_tree", "set_aside_unreadable", "undo_step"]
 
 _log = logging.getLogger(__name__)
 
@@ -27,13 +28,32 @@ async def undo_step(what: str, fn: Callable[..., Awaitable[None]], *args: Any) -
 
 
 def remove_tree(root: Path) -> None:
-    """rm -r, but never through a mount point (an overlay still mounted would be emptied)."""
+    """rm -r, but never through a mount point (an overlay still mounted would be emptied); iterative
+    and symlink-safe (:func:`warren.trees.remove_tree`), so any tree a sandbox made goes."""
     if not root.exists():
         return
     mounted = mounts_under(root)
     if mounted:
         raise RuntimeFailure(f"refusing to delete {root}: still mounted: {', '.join(map(str, mounted))}")
-    shutil.rmtree(root)
+    trees.remove_tree(root)
+
+
+def set_aside_unreadable(paths: SandboxPaths, quarantine: Path) -> bool:
+    """At start-up: move a sandbox dir whose record exists but cannot be read (or a stray non-directory)
+    into ``quarantine`` (logged), so that it neither stops the node nor lingers. A dir without a record
+    (a crash between mkdir and the record) is left to the orphan reaper, and so is one with something
+    mounted below it (the reaper unmounts first). Returns whether it was moved."""
+    root = paths.root
+    if root.is_dir() and not root.is_symlink():
+        if not os.path.lexists(paths.record):
+            return False
+        reason = f"unreadable sandbox record {paths.record.name}"
+    else:
+        reason = "not a sandbox directory"
+    if mounts_under(root):
+        _log.warning("%s: %s, but something is mounted below it; left to the orphan reaper", root, reason)
+        return False
+    return trees.move_aside(root, quarantine, reason) is not None
 
 
 def read_pid(path: Path) -> int | None:
