@@ -386,8 +386,10 @@ def clear_dir(path: str | os.PathLike[str]) -> None:
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """fsync one directory (makes a create, rename or unlink inside it durable)."""
-    fd = os.open(path, _DIR_FLAGS)
+    """fsync one directory (makes a create, rename or unlink inside it durable). The only function
+    here that follows a symlink (as the last component of ``path``): callers name warren's own
+    directories, which may be configured as symlinks (a state or cache dir), and fsync changes nothing."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:

@@ -138,7 +138,7 @@ def _copy_stdlib(src: Path, dst: Path) -> None:
     def ignore(name: str) -> bool:
         return name in _SKIP_DIRS or name.startswith("config-") or any(fnmatch.fnmatch(name, p) for p in _SKIP_FILES)
 
-    copy_tree(src, dst, ignore=ignore)
+    copy_tree(os.path.realpath(src), dst, ignore=ignore)  # the stdlib path may be a symlink (distros, pyenv)
 
 
 def _copy_libs(libs: dict[str, Path], dest: Path) -> None:

@@ -26,6 +26,7 @@ from urllib.parse import unquote, urlsplit
 import httpx
 
 from warren.errors import HostError, WarrenError
+from warren.trees import fsync_dir
 
 from .records import Asset, is_sha256_hex
 
@@ -169,7 +170,7 @@ class AssetCache:
                 raise AssetError(f"fetching asset {asset.url}: {type(exc).__name__}: {exc}") from exc
             raise
         try:
-            await asyncio.to_thread(_fsync_dir, self._dir)
+            await asyncio.to_thread(fsync_dir, self._dir)
         except OSError as exc:
             raise AssetError(f"cannot sync asset cache dir {self._dir}: {exc}") from exc
         log.info("cached asset %s (%d bytes) from %s", asset.sha256, size, asset.url)
@@ -223,14 +224,6 @@ class AssetCache:
                 raise AssetTooLarge(f"asset {url} is {length} bytes, over the {self.max_bytes}-byte cap; not cached")
             async for chunk in response.aiter_bytes(_CHUNK):
                 yield chunk
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 __all__ = [

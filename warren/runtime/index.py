@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from warren.errors import ConflictError, HostError, InvalidRequestError
+from warren.trees import fsync_dir
 
 from .records import RuntimeConfig, RuntimeRecord, validate_runtime_configs
 
@@ -241,11 +242,7 @@ def _write_durably(path: Path, payload: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_dir(path.parent)
 
 
 __all__ = ["Provenance", "RuntimeIndex", "RuntimeMissError", "register_configs"]

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from warren.errors import HostError, InvalidRequestError
 from warren.templates import import_template, importer
-from warren.templates._fs import run
 
 
 def _make_rootfs(root: Path) -> Path:
@@ -68,17 +68,22 @@ def test_across_filesystems_it_copies(tmp_path: Path) -> None:
 
 
 def test_hard_link_failure_falls_back_to_a_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_links(argv: Sequence[str | os.PathLike[str]], *, timeout: float) -> str:
-        if "--link" in argv:
-            Path(argv[-1]).mkdir()  # a partial result the fallback must clear first
-            raise HostError("cp: cannot create hard link: Invalid cross-device link")
-        return run(argv, timeout=timeout)
+    """``link`` fails as through a bind mount (EXDEV): faked, a real cross-device bind mount of the
+    source would need a mount in the test. The hard-link copy removes its partial result, the full
+    copy follows."""
+    real_link = os.link
 
-    monkeypatch.setattr(importer, "run", no_links)
+    def no_links(*args: Any, **kwargs: Any) -> None:
+        if kwargs.get("src_dir_fd") is not None:  # trees.copy_tree(hardlink=True) linking a source file
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        real_link(*args, **kwargs)
+
+    monkeypatch.setattr(os, "link", no_links)
     src = _make_rootfs(tmp_path / "src")
     layer = import_template(src, tmp_path / "state", "t")
     assert (layer / "bin/tool").is_file()
     assert os.stat(layer / "bin/tool").st_ino != os.stat(src / "bin/tool").st_ino
+    assert _layer_dirs(tmp_path / "state") == [layer.name]
 
 
 def test_a_failed_import_leaves_no_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
