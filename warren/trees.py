@@ -69,7 +69,6 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_CHUNK = 1 << 30
 _MODE_BITS = 0o7777
 _OVERLAY_XATTR = "trusted.overlay."
 
@@ -569,7 +568,7 @@ def copy_tree(
     own metadata then becomes ``src``'s, as with ``cp -a --no-target-directory``); return the bytes
     of file data copied.
 
-    Kept: file data (``copy_file_range``, else ``sendfile``), directories, symlinks (as links, never
+    Kept: file data (``copy_file_range``, sparse files stay sparse), directories, symlinks (as links, never
     followed), hard links between regular files of the tree (by ``(st_dev, st_ino)``; past
     :data:`_LINK_CACHE` pending inodes further names become copies), fifos, overlayfs whiteouts
     (0/0 character devices, made with ``mknod``), mode bits including setuid/setgid/sticky, access
@@ -761,28 +760,58 @@ class _Copier:
 
 
 def _copy_data(sfd: int, dfd: int) -> int:
-    """Copy ``sfd`` from its offset to EOF into ``dfd``; the kernel does the work where it can."""
+    """Copy the regular file ``sfd`` into the new, empty ``dfd`` with the same size; return the bytes
+    of data copied.
+
+    Sparse-aware (``SEEK_DATA``/``SEEK_HOLE``): only data segments are copied and holes stay holes, so
+    a file whose size is a terabyte but which holds no data (a sandbox can make one for free) costs
+    nothing in the copy either. The size is the file's end when the copy starts, not a stat from
+    earlier. The kernel moves the bytes (``copy_file_range``) where it can, else ``pread``/``pwrite``.
+    """
+    end = os.lseek(sfd, 0, os.SEEK_END)
     total = 0
+    offset = 0
+    while offset < end:
+        try:
+            start = os.lseek(sfd, offset, os.SEEK_DATA)
+            stop = min(os.lseek(sfd, start, os.SEEK_HOLE), end)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                break  # nothing but a hole up to the end
+            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            start, stop = offset, end  # no hole support: all of it is data
+        if start >= end:
+            break
+        total += _copy_range(sfd, dfd, start, stop - start)
+        offset = stop
+    os.ftruncate(dfd, end)
+    return total
+
+
+def _copy_range(sfd: int, dfd: int, offset: int, count: int) -> int:
+    done = 0
     try:
-        while n := os.copy_file_range(sfd, dfd, _CHUNK):
-            total += n
-        return total
+        while done < count:
+            n = os.copy_file_range(sfd, dfd, count - done, offset + done, offset + done)
+            if n == 0:
+                return done  # the file shrank
+            done += n
+        return done
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
             raise
-    try:
-        while n := os.sendfile(dfd, sfd, None, _CHUNK):
-            total += n
-        return total
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOSYS):
-            raise
-    while data := os.read(sfd, 1 << 20):
+    while done < count:
+        data = os.pread(sfd, min(1 << 20, count - done), offset + done)
+        if not data:
+            break
         view = memoryview(data)
+        pos = offset + done
         while view:
-            view = view[os.write(dfd, view):]
-        total += len(data)
-    return total
+            written = os.pwrite(dfd, view, pos)
+            view, pos = view[written:], pos + written
+        done += len(data)
+    return done
 
 
 def _set_metadata(fd: int, st: os.stat_result, ids: tuple[int, int], *, xattrs_from: int) -> None:

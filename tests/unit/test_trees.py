@@ -163,6 +163,29 @@ def test_hard_links_within_the_tree_are_kept(tmp_path: Path) -> None:
     assert os.stat(dst / "lonely").st_nlink == 1 and (dst / "lonely").read_text() == "x"
 
 
+def test_sparse_files_stay_sparse_and_data_is_exact(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    with open(src / "huge", "wb") as f:  # 1 TiB apparent size, two small data extents
+        f.write(b"head")
+        f.seek(1 << 39)
+        f.write(b"middle")
+        f.truncate(1 << 40)
+    payload = os.urandom(3 * 1024 * 1024 + 17)
+    (src / "plain").write_bytes(payload)
+    (src / "empty").write_bytes(b"")
+    dst = tmp_path / "dst"
+    copied = trees.copy_tree(src, dst)
+    huge = os.stat(dst / "huge")
+    assert huge.st_size == 1 << 40 and huge.st_blocks * 512 < 1 << 20
+    with open(dst / "huge", "rb") as f:
+        assert f.read(4) == b"head"
+        f.seek(1 << 39)
+        assert f.read(6) == b"middle"
+    assert (dst / "plain").read_bytes() == payload and (dst / "empty").read_bytes() == b""
+    assert len(payload) + 10 <= copied < len(payload) + (1 << 20)
+
+
 def test_hardlink_mode_links_files_and_makes_the_rest(tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "etc").mkdir(parents=True)
