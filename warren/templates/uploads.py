@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from warren.errors import HostError, InvalidRequestError, PayloadTooLargeError
+from warren.trees import QUARANTINE, move_aside, remove_tree
 
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 MAX_UPLOAD_BYTES = 4 << 30
@@ -52,8 +53,11 @@ class UploadStore:
         self.tmp = root / "tmp"
         try:
             self.tmp.mkdir(parents=True, exist_ok=True)
-            for leftover in self.tmp.iterdir():
-                leftover.unlink(missing_ok=True)
+            for leftover in sorted(self.tmp.iterdir()):
+                try:
+                    remove_tree(leftover)  # a file normally; whatever it is, it must not stop the node
+                except (OSError, ValueError) as exc:
+                    move_aside(leftover, root.parent / QUARANTINE, f"an upload temp entry that cannot go ({exc})")
         except OSError as exc:
             raise HostError(f"cannot open the upload store {root}: {exc}") from exc
 
