@@ -11,6 +11,8 @@ import pytest
 
 from tests.framework.deep import make_deep, private_dir
 from warren.images import LayerStore
+from warren.runtime.oci.layout import SandboxPaths
+from warren.runtime.oci.steps import set_aside_unreadable
 from warren.templates.uploads import UploadStore
 
 DEPTH = 3000
@@ -42,3 +44,19 @@ def test_layer_store_opens_on_garbage(state: Path) -> None:
     store = LayerStore(state / "images")
     assert list(store.tmp.iterdir()) == []
     assert os.path.isdir("/etc/ssl")
+
+
+def test_sandbox_dirs_with_unreadable_records_are_set_aside(state: Path) -> None:
+    sandboxes = state / "sandboxes"
+    bogus = sandboxes / "ibogus"
+    make_deep(bogus / "upper", DEPTH)
+    (bogus / "sandbox.json").write_text("{not json")
+    (sandboxes / "inorecord" / "upper").mkdir(parents=True)
+    (sandboxes / "stray").write_text("x")
+    quarantine = state / "quarantine"
+
+    moved = [set_aside_unreadable(SandboxPaths(sandboxes / n), quarantine) for n in ("ibogus", "inorecord", "stray")]
+
+    assert moved == [True, False, True]
+    assert sorted(p.name for p in sandboxes.iterdir()) == ["inorecord"]  # left to the orphan reaper
+    assert sorted(p.name.split("-", 1)[1] for p in quarantine.iterdir()) == ["ibogus", "stray"]
