@@ -95,13 +95,13 @@ class _Chain:
     closed when the chain grew past the window and are re-opened through ``..`` on the way back up.
     """
 
-    def __init__(self, root_fd: int, window: int = FD_WINDOW, *, fix_access: bool = False) -> None:
+    def __init__(self, root_fd: int, window: int | None = None, *, fix_access: bool = False) -> None:
         st = os.fstat(root_fd)
         self._fix_access = fix_access
         self.fds = [root_fd]
         self.stats = [st]
         self.names = [""]
-        self._window = max(window, 2)
+        self._window = max(FD_WINDOW if window is None else window, 2)
         self._low = 1
 
     @classmethod

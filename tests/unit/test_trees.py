@@ -6,6 +6,7 @@ Needs root (chown to other ids, mknod of whiteouts and block devices, ``trusted.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import stat
 import threading
@@ -102,6 +103,52 @@ def test_shift_owner_of_a_deep_tree(deep: Path) -> None:
     assert trees.shift_owner(deep, 1000, 1000, within=range(0, 1)) == DEPTH + 2
     assert trees.shift_owner(deep, -1000, -1000, within=range(1000, 1001)) == DEPTH + 2
     assert all(v.stat.st_uid == 0 for v in trees.walk(deep))
+
+
+def _random_tree(root: Path, seed: int) -> None:
+    """Branches of many depths, files at every level: exercises re-opening parents through ``..``."""
+    rng = random.Random(seed)
+    root.mkdir()
+    dirs = [root]
+    for i in range(600):
+        parent = rng.choice(dirs[-20:] if rng.random() < 0.7 else dirs)
+        if rng.random() < 0.6:
+            child = parent / f"d{i}"
+            child.mkdir()
+            dirs.append(child)
+        else:
+            (parent / f"f{i}").write_text(f"{i}" * rng.randrange(0, 50))
+
+
+def _listing(root: Path) -> list[tuple[str, str, bytes]]:
+    out = []
+    for visit in trees.walk(root):
+        for name in visit.dirs:
+            out.append((f"{visit.path}/{name}", "d", b""))
+        for name in visit.files:
+            fd = os.open(name, os.O_RDONLY, dir_fd=visit.fd)
+            try:
+                out.append((f"{visit.path}/{name}", "f", os.read(fd, 1000)))
+            finally:
+                os.close(fd)
+    return sorted(out)
+
+
+@pytest.mark.parametrize("window", [2, 3, 7])
+def test_branching_trees_with_a_tiny_fd_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, window: int) -> None:
+    monkeypatch.setattr(trees, "FD_WINDOW", window)
+    src = tmp_path / "src"
+    _random_tree(src, seed=window)
+    expected = _listing(src)
+    assert len(expected) == 600
+    before = open_fds()
+    trees.copy_tree(src, tmp_path / "dst")
+    assert _listing(tmp_path / "dst") == expected
+    assert trees.shift_owner(tmp_path / "dst", 7, 7, within=range(0, 1)) == 601
+    trees.fsync_tree(tmp_path / "dst")
+    assert trees.tree_usage(tmp_path / "dst") > 0
+    trees.remove_tree(tmp_path / "dst")
+    assert not (tmp_path / "dst").exists() and open_fds() == before
 
 
 # ------------------------------------------------------------------ symlinks
