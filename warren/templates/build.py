@@ -33,6 +33,7 @@ import logging
 import os
 import secrets
 import string
+import threading
 import time
 import uuid
 from collections import Counter
@@ -504,7 +505,7 @@ class BuildService:
             try:
                 await runtime.pause(sandbox_id, PauseMode.FILESYSTEM)
                 async with self._gc_lock:  # a gc must not see the new layer before it is pinned
-                    layer = await asyncio.to_thread(self._seal, await runtime.neutral_upper(sandbox_id), key)
+                    layer = await self._seal_cancellable(await runtime.neutral_upper(sandbox_id), key)
                     self._pin([str(layer)], pinned)
             except WarrenError as exc:
                 raise BuildFailed(f"sealing the build layer failed: {exc}", FINALIZE_STEP) from exc
@@ -520,7 +521,20 @@ class BuildService:
         except WarrenError:
             log.exception("could not remove build sandbox %s (removed at the next start)", sandbox_id)
 
-    def _seal(self, upper: Path, key: str) -> Path:
+    async def _seal_cancellable(self, upper: Path, key: str) -> Path:
+        """:meth:`_seal` in a worker thread; a cancelled build stops its copy at the next entry (the copy
+        removes what it made; a layer sealed anyway is unused and goes at the next gc)."""
+        cancel = threading.Event()
+        work = asyncio.ensure_future(asyncio.to_thread(self._seal, upper, key, cancel))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            cancel.set()
+            with contextlib.suppress(BaseException):
+                await work
+            raise
+
+    def _seal(self, upper: Path, key: str, cancel: threading.Event | None = None) -> Path:
         """Move (or copy) the stopped sandbox's upper dir into the layer directory."""
         self.layers_dir.mkdir(parents=True, exist_ok=True)
         name = f"{LAYER_PREFIX}{key[:16]}-{secrets.token_hex(4)}"
@@ -532,7 +546,7 @@ class BuildService:
                 raise HostError(f"cannot move the build layer into {final}: {exc}") from exc
             tmp = self.layers_dir / f".tmp-{name}"
             try:
-                copy_tree(upper, tmp)  # removes its partial copy itself on failure
+                copy_tree(upper, tmp, cancel=cancel)  # removes its partial copy itself on failure
                 os.rename(tmp, final)
             except (OSError, TreeLimitExceeded) as exc:
                 remove_tree(tmp)
