@@ -67,3 +67,19 @@ def test_disabled_disks_are_plain_dirs(tmp_path: Path) -> None:
     disks.release(root)  # not mounted: nothing to do
     disks.attach(root)  # no image: nothing to do
     assert os.listdir(root) == ["disk"]
+
+
+@pytest.mark.parametrize(("quota", "enforced"),
+                         [("0", False), ("off", False), ("no", False), ("1", True), ("on", True)])
+def test_settings_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quota: str, enforced: bool) -> None:
+    from warren.config import Settings
+
+    monkeypatch.setenv("WARREN_DISK_QUOTA", quota)
+    monkeypatch.setenv("WARREN_SANDBOX_DISK_MB", "64")
+    settings = Settings.from_env(tmp_path)
+    assert settings.disk_quota is enforced
+    assert settings.sandbox_disk_mb == 64
+    monkeypatch.delenv("WARREN_DISK_QUOTA")
+    monkeypatch.delenv("WARREN_SANDBOX_DISK_MB")
+    assert Settings.from_env(tmp_path).disk_quota is True
+    assert Settings.from_env(tmp_path).sandbox_disk_mb is None
