@@ -48,7 +48,9 @@ import fcntl
 import functools
 import logging
 import os
+import secrets
 import shutil
+import stat
 import struct
 import subprocess
 import threading
@@ -266,12 +268,13 @@ class SandboxDisks:
             time.sleep(0.005)
 
     def usage(self, root: Path) -> tuple[int, int] | None:
-        """(bytes used, bytes total) of a mounted disk; None when it is not a mounted filesystem."""
+        """(bytes used in the filesystem, the disk's size) of a mounted disk; None when it is not one. The
+        filesystem itself keeps ~7% of the size (journal, inode tables), so ``df`` inside shows less."""
         target = root / DISK_DIR
         if not _is_mountpoint(target):
             return None
         st = os.statvfs(target)
-        return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_blocks * st.f_frsize
+        return (st.f_blocks - st.f_bfree) * st.f_frsize, os.stat(root / DISK_IMAGE).st_size
 
     # ------------------------------------------------------------------ template images
 
@@ -284,13 +287,15 @@ class SandboxDisks:
             if path.is_file():
                 return path
             self.templates.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp = self.templates / f".tmp-{os.getpid()}-{path.name}"
+            tmp = self.templates / f".tmp-{secrets.token_hex(6)}-{path.name}"
             try:
                 with open(tmp, "wb", opener=lambda p, f: os.open(p, f, 0o600)) as fh:
                     fh.truncate(size_mb * 1024 * 1024)
                 subprocess.run(["mkfs.ext4", *MKFS_ARGS, str(tmp)], check=True, capture_output=True,
                                timeout=MKFS_TIMEOUT)  # fmt: skip
+                _fsync(tmp)  # every sandbox of this size starts from it: it must survive a host crash whole
                 os.replace(tmp, path)
+                _fsync(self.templates)
             except subprocess.CalledProcessError as exc:
                 raise RuntimeFailure(f"mkfs.ext4 of a {size_mb} MiB sandbox disk failed: "
                                      f"{exc.stderr.decode(errors='replace').strip()[-300:]}") from exc  # fmt: skip
@@ -332,6 +337,26 @@ def _sparse_copy(src: Path, dst: Path) -> None:
         os.close(fin)
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _open_loop(number: int) -> int:
+    """Open ``/dev/loopN``; make the node first when ``/dev`` is not a devtmpfs (a container's)."""
+    dev = f"/dev/loop{number}"
+    try:
+        return os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        major, minor = (int(x) for x in Path(f"/sys/block/loop{number}/dev").read_text().split(":"))
+        with contextlib.suppress(FileExistsError):
+            os.mknod(dev, stat.S_IFBLK | 0o600, os.makedev(major, minor))
+        return os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+
+
 def _configure_loop(image_fd: int) -> tuple[int, str]:
     """A free loop device bound to ``image_fd`` (autoclear, direct I/O); returns (its open fd, its path)."""
     config = bytearray(_LOOP_CONFIG.size)
@@ -342,7 +367,7 @@ def _configure_loop(image_fd: int) -> tuple[int, str]:
         for _ in range(_CONFIGURE_ATTEMPTS):
             number = fcntl.ioctl(ctl, _LOOP_CTL_GET_FREE)
             dev = f"/dev/loop{number}"
-            fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+            fd = _open_loop(number)
             try:
                 fcntl.ioctl(fd, _LOOP_CONFIGURE, bytes(config))
             except OSError as exc:

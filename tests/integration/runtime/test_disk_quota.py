@@ -203,3 +203,31 @@ async def test_a_stopped_sandbox_frees_its_loop_device_while_others_run(sandboxe
         assert loop_devices_backed_by(image, exact=True) == []
     assert len(loop_devices_backed_by(rt.state_dir)) == 1
     await _healthy(sandboxes, third.sandbox_id)
+
+
+NO_LOOP_NODES = """
+import os, subprocess, sys
+from pathlib import Path
+subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+subprocess.run(["mount", "-t", "tmpfs", "tmpfs", "/dev"], check=True)  # a container's /dev: no loopN nodes
+os.mknod("/dev/loop-control", 0o600 | 0o020000, os.makedev(10, 237))
+from warren.runtime.disk import SandboxDisks
+status = SandboxDisks(Path(sys.argv[1])).probe()
+print(status["enforced"], status["reason"], sorted(n for n in os.listdir("/dev") if n != "loop-control"))
+"""
+
+
+def test_a_dev_without_loop_nodes_gets_them_made(tmp_path: Path) -> None:
+    """In a container whose /dev is a tmpfs, the loop device node the kernel hands out is made with
+    mknod (in a private mount namespace here: the host's /dev is not touched)."""
+    if os.geteuid() != 0 or not Path("/dev/loop-control").exists():
+        pytest.skip("needs root and loop devices")
+    import subprocess
+    import sys
+
+    out = subprocess.run(["unshare", "-m", sys.executable, "-c", NO_LOOP_NODES, str(tmp_path / "state")],
+                         capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    enforced, reason, nodes = out.stdout.split(" ", 2)
+    assert (enforced, reason) == ("True", "None"), out.stdout + out.stderr
+    assert nodes.strip().startswith("['loop")
+    assert loop_devices_backed_by(tmp_path / "state") == []
