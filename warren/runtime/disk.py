@@ -165,6 +165,9 @@ class SandboxDisks:
 
     def _probe_reason(self) -> str | None:
         """None when a disk can be made, mounted, written and released here; else why not."""
+        for tmp in self.templates.glob(".tmp-*") if self.templates.is_dir() else ():
+            with contextlib.suppress(OSError):
+                tmp.unlink()  # a template image half made by a process that died
         if shutil.which("mkfs.ext4") is None:
             return "mkfs.ext4 is not installed (e2fsprogs)"
         if not Path("/dev/loop-control").exists():

@@ -83,3 +83,13 @@ def test_settings_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quot
     monkeypatch.delenv("WARREN_SANDBOX_DISK_MB")
     assert Settings.from_env(tmp_path).disk_quota is True
     assert Settings.from_env(tmp_path).sandbox_disk_mb is None
+
+
+def test_probe_removes_half_made_template_images(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))  # the probe stops early, after the clean-up
+    templates = tmp_path / "state" / "disk-templates"
+    templates.mkdir(parents=True)
+    (templates / ".tmp-abc-ext4-v1-64M.img").write_bytes(b"half")
+    (templates / "ext4-v1-64M.img").write_bytes(b"whole")
+    SandboxDisks(tmp_path / "state").probe()
+    assert os.listdir(templates) == ["ext4-v1-64M.img"]
