@@ -60,6 +60,7 @@ from typing import Any
 
 from warren.errors import RuntimeFailure
 from warren.runtime.rootfs import is_mountpoint as _is_mountpoint
+from warren.trees import remove_tree
 
 __all__ = ["DISK_DIR", "DISK_IMAGE", "MIN_DISK_MB", "SandboxDisks", "loop_devices_backed_by"]
 
@@ -194,7 +195,7 @@ class SandboxDisks:
     def _remove_probe(root: Path) -> None:
         if _is_mountpoint(root / DISK_DIR):
             raise RuntimeFailure(f"{root / DISK_DIR} is still mounted")
-        shutil.rmtree(root)
+        remove_tree(root)
 
     # ------------------------------------------------------------------ per sandbox
 
