@@ -74,6 +74,9 @@ class Settings:
     import_roots: tuple[Path, ...] = ()
     """Directories ``/warren/templates/import`` may read from (``WARREN_IMPORT_ROOTS``, colon-separated);
     empty: the cache dir only. See :meth:`allowed_import_roots`."""
+    hardening: bool = True
+    """User namespaces (runc), seccomp, a cgroup namespace, fewer capabilities, masked host paths, a high
+    OOM score (``WARREN_HARDENING=0`` turns them off: only to measure what they cost)."""
     disk_quota: bool = True
     """Enforce each sandbox's disk size with a size-capped filesystem per sandbox (``WARREN_DISK_QUOTA=0``
     turns it off: the upper dir then lives on the host filesystem, unbounded). See ``warren.runtime.disk``."""
@@ -130,6 +133,7 @@ _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
     "WARREN_MAX_MEMORY_MB": ("max_memory_mb", int),
     "WARREN_HTTP_HEADER_TIMEOUT_S": ("http_header_timeout_s", float),
     "WARREN_HTTP_MAX_CONCURRENCY": ("http_max_concurrency", int),
+    "WARREN_HARDENING": ("hardening", lambda text: text.strip().lower() not in ("0", "false", "no", "off")),
     "WARREN_IMPORT_ROOTS": ("import_roots", _paths),
     "WARREN_DISK_QUOTA": ("disk_quota", lambda text: text.strip().lower() not in ("0", "false", "no", "off")),
     "WARREN_SANDBOX_DISK_MB": ("sandbox_disk_mb", int),

@@ -36,6 +36,7 @@ from .orchestrator.shutdown import preserve_all
 from .runtime import build_agent_bundle
 from .runtime.base import RuntimeKind
 from .snapshots import SnapshotRepository
+from .statedir import seal_state_dir
 from .store import Database, SandboxRepo, TemplateRecord, TemplateRepo
 from .store.lock import INSTANCE_LOCK_NAME, acquire_instance_lock
 from .templates.build import BuildRuntime, BuildService, Usage
@@ -164,7 +165,7 @@ async def serve(
 ) -> None:
     """Run one node until ``stop`` is set. ``ready`` gets ``{"url", "api_key"}`` once it listens."""
     caps = apply_footprint_caps(os.environ)
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(seal_state_dir, settings.state_dir)
     lock = await acquire_instance_lock(settings.state_dir / INSTANCE_LOCK_NAME, budget_s=settings.lock_budget_s)
     with lock:
         await _serve_locked(settings, caps, stop=stop, ready=ready)

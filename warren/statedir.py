@@ -23,8 +23,8 @@ __all__ = ["SEARCHABLE", "TOP_LEVEL_DIRS", "seal_state_dir"]
 log = logging.getLogger(__name__)
 
 SEARCHABLE = 0o711
-TOP_LEVEL_DIRS = ("assets", "images", "layers", "probe", "quarantine", "runtime", "sandboxes", "snapshots",
-                  "uploads")
+TOP_LEVEL_DIRS = ("assets", "disk-templates", "images", "layers", "probe", "quarantine", "runtime", "sandboxes",
+                  "snapshots", "uploads")
 """Made at start with their final modes, before any component writes into them."""
 _SEARCHABLE_NAMES = frozenset({"sandboxes"})
 

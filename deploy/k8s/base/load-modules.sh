@@ -18,6 +18,7 @@
 #   tun                      /dev/net/tun for runtimes that want it
 #   nf_tables nft_chain_nat nft_masq nf_nat nf_conntrack nft_ct nft_fib_inet
 #                            warren's nftables table: NAT masquerade, ct state, fib anti-spoofing
+#   loop                     per-sandbox disks (size-capped ext4 images); without it sizes are not enforced
 # br_netfilter is not in the list: warren routes sandbox veths, it does not bridge them.
 #
 # Test seams: HOST_ROOT, KERNEL_RELEASE, PROC_MODULES, SYS_MODULE, MODPROBE (a command
@@ -31,7 +32,7 @@ HOST_ROOT=${HOST_ROOT:-/host}
 KERNEL_RELEASE=${KERNEL_RELEASE:-$(uname -r)}
 PROC_MODULES=${PROC_MODULES:-/proc/modules}
 SYS_MODULE=${SYS_MODULE:-/sys/module}
-WARREN_MODULES=${WARREN_MODULES:-overlay veth tun nf_tables nf_conntrack nf_nat nft_chain_nat nft_masq nft_ct nft_fib_inet}
+WARREN_MODULES=${WARREN_MODULES:-overlay veth tun nf_tables nf_conntrack nf_nat nft_chain_nat nft_masq nft_ct nft_fib_inet loop}
 
 say() {
     printf 'warren-modules: %s\n' "$*"

@@ -13,7 +13,7 @@ from warren.runtime.cgroups import CgroupHierarchies
 from warren.runtime.net.manager import SandboxNetwork, host_nameservers
 from warren.runtime.net.nat import NatRules
 from warren.runtime.net.pool import AddressPool
-from warren.runtime.oci.layout import SandboxRecord, validate_sandbox_id, write_etc_files
+from warren.runtime.oci.layout import SandboxPaths, SandboxRecord, validate_sandbox_id, write_etc_files
 from warren.runtime.oci.spec import DEFAULT_CAPABILITIES, HARDENED_CAPABILITIES, ConfigInputs, build_config
 from warren.runtime.probe import has_cap_sys_resource, is_static_elf
 from warren.runtime.userns import UidRange
@@ -175,3 +175,12 @@ def test_elf_and_capability_probes(tmp_path: Path) -> None:
     assert has_cap_sys_resource(status)
     status.write_text("CapEff:\t000001fffeffffff\n")
     assert not has_cap_sys_resource(status)
+
+
+def test_paths_of_a_sandbox_made_before_per_sandbox_disks(tmp_path: Path) -> None:
+    """A sandbox paused by an older node keeps upper/ and work/ directly in its dir; it must still resume."""
+    new = SandboxPaths(tmp_path / "new")
+    assert new.upper == tmp_path / "new" / "disk" / "upper"
+    (tmp_path / "old" / "upper").mkdir(parents=True)
+    old = SandboxPaths(tmp_path / "old")
+    assert old.upper == tmp_path / "old" / "upper" and old.work == tmp_path / "old" / "work"

@@ -68,11 +68,17 @@ class SandboxPaths:
 
     @property
     def upper(self) -> Path:
-        return self.root / "disk" / "upper"
+        return self._disk_root / "upper"
 
     @property
     def work(self) -> Path:
-        return self.root / "disk" / "work"
+        return self._disk_root / "work"
+
+    @property
+    def _disk_root(self) -> Path:
+        """Where upper/ and work/ live: the sandbox's disk, or, for a sandbox made before per-sandbox
+        disks (its upper/ directly under its dir), the sandbox dir itself, so it still resumes."""
+        return self.root if (self.root / "upper").is_dir() else self.root / "disk"
 
     @property
     def empty_lower(self) -> Path:
