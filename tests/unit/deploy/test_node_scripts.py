@@ -95,7 +95,8 @@ def test_default_list_covers_what_sandboxes_need(host: FakeHost) -> None:
     everything = "overlay veth tun nf_tables nf_conntrack nf_nat nft_chain_nat nft_masq nft_ct nft_fib_inet loop"
     result = run_script("load-modules.sh", host.env(None, everything))
     assert result.returncode == 0, result.output
-    for module in ("overlay", "veth", "tun", "nf_tables", "nft_chain_nat", "nft_masq", "nft_ct", "nft_fib_inet", "loop"):
+    for module in ("overlay", "veth", "tun", "nf_tables", "nft_chain_nat", "nft_masq", "nft_ct", "nft_fib_inet",
+                   "loop"):
         assert result.lines(f"{module}: "), module
 
 
