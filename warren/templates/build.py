@@ -13,7 +13,6 @@ mounted), no snapshot and no build in progress (:mod:`warren.templates.layers`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -100,15 +99,11 @@ class BuildService:
     # ------------------------------------------------------------------ lifecycle
 
     async def recover(self) -> None:
-        """At node start: stop build sandboxes a crash left, drop half-sealed layers, collect garbage."""
-        runtime = self._runtime
-        sandboxes = self._settings.state_dir / "sandboxes"
-        if runtime is not None and sandboxes.is_dir():
-            for entry in sorted(sandboxes.iterdir()):
-                if entry.name.startswith(SANDBOX_PREFIX):
-                    log.info("removing build sandbox %s left by a previous run", entry.name)
-                    with contextlib.suppress(WarrenError):
-                        await runtime.stop(entry.name)
+        """At node start: drop half-sealed layers, collect garbage.
+
+        Build sandboxes a crash left are not in the store, so the node's orphan reaper
+        (:mod:`warren.runtime.reaper`, run before this) has removed them with everything they held.
+        """
         await self.layers.drop_half_sealed(self._settings.state_dir)
         await self.gc()
 

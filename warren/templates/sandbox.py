@@ -1,7 +1,7 @@
 """A build sandbox's life: started over the build's lower layers, its agent ready, always stopped.
 
 Build sandboxes are runc sandboxes named ``bld…`` that the sandbox manager never lists; the node
-stops any a crash left (:meth:`warren.templates.build.BuildService.recover`).
+reaps any a crash left (:mod:`warren.runtime.reaper`: they are never in the store).
 """
 
 from __future__ import annotations
