@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from warren import treecopy
 from warren.errors import NotFoundError, RuntimeFailure
 from warren.runtime.base import (
     PauseMode,
@@ -66,6 +67,7 @@ class FakeRuntime:
         self.stopped: list[str] = []
         self.fail_start = False
         self.restored_from: dict[str, str] = {}
+        self.exported: Path | None = None
 
     def probe(self) -> Mapping[str, Any]:
         return {"available": self.available, "reason": "" if self.available else "fake: unavailable"}
@@ -100,6 +102,16 @@ class FakeRuntime:
         if sandbox_id not in self.running:
             return None
         return SandboxHandle(sandbox_id, self.kind, "127.0.0.1", agent_port=self.agent.port)
+
+    async def export_filesystem(self, sandbox_id: str, dest: Path) -> None:
+        """``exported`` (a tree to copy, set by the test) or one file naming the sandbox."""
+        if sandbox_id not in self.running:
+            raise NotFoundError(sandbox_id)
+        if self.exported is not None:
+            await treecopy.copy_tree(self.exported, dest)
+            return
+        await asyncio.to_thread(dest.mkdir)
+        await asyncio.to_thread((dest / "from").write_text, sandbox_id)
 
     async def snapshot(self, sandbox_id: str, dest: Path) -> SnapshotContents:
         (dest / "upper").mkdir()

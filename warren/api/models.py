@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
@@ -184,10 +185,18 @@ def snapshot_body(m: SnapshotManifest) -> dict[str, Any]:
     }
 
 
+def build_id_of(rec: TemplateRecord) -> str:
+    """The template's current build id (imported templates get a stable one derived from their id)."""
+    value = rec.build.get("build_id")
+    return str(value) if value else str(uuid.uuid5(uuid.NAMESPACE_URL, f"warren:template:{rec.id}"))
+
+
 def template_body(rec: TemplateRecord) -> dict[str, Any]:
+    """The SDK's ``Template`` (list) shape plus warren's own fields."""
+    built = rec.build.get("built_at") or rec.created_at
     return {
         "templateID": rec.id,
-        "buildID": rec.id,
+        "buildID": build_id_of(rec),
         "names": [rec.name],
         "aliases": [rec.name],
         "public": False,
@@ -195,9 +204,20 @@ def template_body(rec: TemplateRecord) -> dict[str, Any]:
         "memoryMB": rec.memory_mb,
         "diskSizeMB": rec.disk_mb,
         "createdAt": rfc3339(rec.created_at),
-        "updatedAt": rfc3339(rec.created_at),
+        "updatedAt": rfc3339(float(built)),
+        "createdBy": None,
+        "lastSpawnedAt": None,
+        "spawnCount": 0,
+        "buildCount": int(rec.build.get("build_count", 1)),
         "buildStatus": "ready",
-        "runtime": rec.runtime,
         "envdVersion": ENVD_VERSION,
+        "runtime": rec.runtime,
         "layers": list(rec.layers),
+        "env": rec.env,
+        "workdir": rec.workdir,
+        "user": rec.user,
+        "startCmd": rec.start_cmd,
+        "readyCmd": rec.ready_cmd,
+        "source": rec.build.get("source"),
+        "tags": rec.build.get("tags", []),
     }

@@ -146,6 +146,15 @@ class Runtime(Protocol):
         """Where a running sandbox's agent is now (address, init pid), or None when it is not running."""
         ...
 
+    async def export_filesystem(self, sandbox_id: str, dest: Path) -> None:
+        """Write the stopped sandbox's filesystem changes, with 0-based owners, into the new directory ``dest``.
+
+        The sandbox must be paused with ``PauseMode.FILESYSTEM``; stop it afterwards (its changes may have
+        moved). The result uses overlay whiteouts and opaque xattrs, so it serves as a read-only layer as it
+        is (template builds seal it). A failure or cancellation leaves no ``dest``.
+        """
+        ...
+
     async def snapshot(self, sandbox_id: str, dest: Path) -> SnapshotContents:
         """Copy a running or paused sandbox into the empty directory ``dest``; the source keeps its state.
 

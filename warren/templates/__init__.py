@@ -6,7 +6,9 @@ debian.py    the ``base`` rootfs (debootstrap bookworm minbase + bash, python3, 
 importer.py  ``import_template``: a rootfs becomes a read-only layer under state_dir/layers/
 
 Template builds (imported by the node and the API, not re-exported here):
-build.py          ``BuildService``: the E2B template API engine, image pulls as templates, layer gc
+build.py          ``BuildService``: the facade of the E2B template API engine (the build queue, pulls as
+                  templates, deletion); executor.py, sandbox.py, runner.py, seal.py, pulls.py,
+                  layers.py, records.py and model.py do its jobs (see model.py)
 steps.py          build steps, pure: parsing, metadata, cache keys, the SDK's COPY files hash
 buildlog.py       a build's status and log as the SDK polls them
 uploads.py        COPY uploads, content-addressed by files hash

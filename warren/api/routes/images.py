@@ -32,9 +32,8 @@ from ...errors import ConflictError, InvalidRequestError, UnavailableError, Warr
 from ...images import ProgressEvent
 from ...store import TemplateRecord
 from ...templates.build import validate_name
-from ..models import parse_json_object
+from ..models import parse_json_object, template_body
 from ..services import services
-from .templates import template_body
 
 
 def _line(doc: dict[str, Any]) -> bytes:

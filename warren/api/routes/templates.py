@@ -9,7 +9,6 @@ no log entries are left. The engine is ``warren.templates.build.BuildService``.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from starlette.requests import Request
@@ -22,7 +21,7 @@ from ...templates.build import Build, BuildService
 from ...templates.buildlog import rfc3339
 from ...templates.steps import parse_build_request
 from ...templates.uploads import upload_too_large
-from ..models import ENVD_VERSION, optional_int, parse_json_object
+from ..models import ENVD_VERSION, build_id_of, optional_int, parse_json_object, template_body
 from ..services import services
 
 UPLOAD_PATH = "/warren/uploads/{template_id}/{filesHash}"
@@ -33,44 +32,6 @@ def _builds(request: Request) -> BuildService:
     if builds is None:
         raise UnavailableError("this node does not build templates")
     return builds
-
-
-def build_id_of(rec: TemplateRecord) -> str:
-    """The template's current build id (imported templates get a stable one derived from their id)."""
-    value = rec.build.get("build_id")
-    return str(value) if value else str(uuid.uuid5(uuid.NAMESPACE_URL, f"warren:template:{rec.id}"))
-
-
-def template_body(rec: TemplateRecord) -> dict[str, Any]:
-    """The SDK's ``Template`` (list) shape plus warren's own fields."""
-    built = rec.build.get("built_at") or rec.created_at
-    return {
-        "templateID": rec.id,
-        "buildID": build_id_of(rec),
-        "names": [rec.name],
-        "aliases": [rec.name],
-        "public": False,
-        "cpuCount": rec.cpu_count,
-        "memoryMB": rec.memory_mb,
-        "diskSizeMB": rec.disk_mb,
-        "createdAt": rfc3339(rec.created_at),
-        "updatedAt": rfc3339(float(built)),
-        "createdBy": None,
-        "lastSpawnedAt": None,
-        "spawnCount": 0,
-        "buildCount": int(rec.build.get("build_count", 1)),
-        "buildStatus": "ready",
-        "envdVersion": ENVD_VERSION,
-        "runtime": rec.runtime,
-        "layers": list(rec.layers),
-        "env": rec.env,
-        "workdir": rec.workdir,
-        "user": rec.user,
-        "startCmd": rec.start_cmd,
-        "readyCmd": rec.ready_cmd,
-        "source": rec.build.get("source"),
-        "tags": rec.build.get("tags", []),
-    }
 
 
 def _build_body(b: Build) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import time
@@ -37,6 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from warren import treecopy
 from warren.errors import (
     InvalidRequestError,
     InvalidStateError,
@@ -299,9 +301,10 @@ class OciRuntime(OciBackendBase):
                 await asyncio.to_thread(remove_tree, restore)
             return handle
 
-    async def neutral_upper(self, sandbox_id: str) -> Path:
+    async def export_filesystem(self, sandbox_id: str, dest: Path) -> None:
         """The upper dir of a sandbox paused without processes, re-owned in place from its user namespace
-        range to the ids seen inside (0-based), as layers and snapshots store them. For sealing a build."""
+        range to the ids seen inside (0-based), moved to the new dir ``dest``, or copied by a child process
+        a cancellation kills (:mod:`warren.treecopy`) when ``dest`` is on another filesystem."""
         paths = self.sandbox_paths(sandbox_id)
         async with self._lock(sandbox_id):
             record = self._record(sandbox_id)
@@ -315,7 +318,14 @@ class OciRuntime(OciBackendBase):
                                         within=range(rng.host, rng.host + rng.size))
                 self._save(paths, replace(record, uid_range=None))
                 self._release_range(rng)
-            return paths.upper
+            if await asyncio.to_thread(os.path.lexists, dest):
+                raise InvalidRequestError(f"cannot export {sandbox_id} to {dest}: it exists")
+            try:
+                await asyncio.to_thread(os.rename, paths.upper, dest)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise RuntimeFailure(f"cannot move the filesystem of {sandbox_id} to {dest}: {exc}") from exc
+                await treecopy.copy_tree(paths.upper, dest)
 
     async def locate(self, sandbox_id: str) -> SandboxHandle | None:
         """The handle of a running sandbox as it is now (a gVisor snapshot moves it to a new address and
