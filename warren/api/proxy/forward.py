@@ -143,6 +143,21 @@ class SandboxProxy:
         if client is not None:
             await client.aclose()
 
+    @contextlib.asynccontextmanager
+    async def _tracked(self, sandbox_id: str) -> AsyncIterator[asyncio.Timeout]:
+        """Register one open stream to ``sandbox_id`` for ``abort``: its deadline, expired by an
+        abort, makes the block raise ``TimeoutError`` (``expired()`` tells it from other timeouts)."""
+        streams = self._streams.setdefault(sandbox_id, set())
+        cut = asyncio.timeout(None)
+        streams.add(cut)
+        try:
+            async with cut:
+                yield cut
+        finally:
+            streams.discard(cut)
+            if not streams and self._streams.get(sandbox_id) is streams:
+                del self._streams[sandbox_id]
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
             target = target_of(scope["headers"], self._domain)
@@ -218,19 +233,15 @@ class SandboxProxy:
         except httpx.HTTPError as exc:
             await _send_json(send, 502, f"The sandbox {target.sandbox_id} was not found: {exc}")
             return
-        streams = self._streams.setdefault(target.sandbox_id, set())
-        stream_deadline = asyncio.timeout(None)
-        streams.add(stream_deadline)
         try:
-            async with stream_deadline:
+            async with self._tracked(target.sandbox_id) as cut:
                 await self._pump(response, send)
         except TimeoutError:
+            if not cut.expired():
+                raise
             log.info("proxy stream to %s aborted: the sandbox went away", target.sandbox_id)
             raise SandboxGone(target.sandbox_id) from None
         finally:
-            streams.discard(stream_deadline)
-            if not streams and self._streams.get(target.sandbox_id) is streams:
-                del self._streams[target.sandbox_id]
             await response.aclose()
 
     async def _pump(self, response: httpx.Response, send: Send) -> None:
@@ -274,9 +285,23 @@ class SandboxProxy:
         except (OSError, websockets.WebSocketException, TimeoutError) as exc:
             await send({"type": "websocket.close", "code": 1011, "reason": f"upstream: {exc}"[:120]})
             return
-        async with upstream:
+        upstream.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+        try:
             await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
-            await _pump_websocket(upstream, receive, send)
+            async with self._tracked(target.sandbox_id) as cut:
+                try:
+                    await _pump_websocket(upstream, receive, send)
+                except BaseException:
+                    upstream.transport.abort()  # a reset, before abort() moves on to pause or kill
+                    raise
+        except TimeoutError:
+            if not cut.expired():
+                raise
+            log.info("proxied WebSocket to %s closed: the sandbox went away", target.sandbox_id)
+            with contextlib.suppress(OSError, RuntimeError):  # the client may be gone already
+                await send({"type": "websocket.close", "code": 1001, "reason": "the sandbox went away"})
+        finally:
+            await upstream.close()
 
 
 async def _pump_websocket(upstream: Any, receive: Receive, send: Send) -> None:
