@@ -7,10 +7,10 @@ start can be had without it, the fork/exec is done by ``_posixsubprocess`` in C:
 * user and groups: ``user``/``group``/``extra_groups`` (setgroups, setregid, setreuid, as before);
 * signals: exec resets caught signals; ``restore_signals`` the ones Python ignores (SIGPIPE, SIGXFSZ).
   The fast path is taken only while no other signal is ignored and none is blocked;
-* the OOM score: the child inherits the agent's at fork. When the agent's is not 0 and a child
-  could lower it to 0 (the agent probes once that it can itself), the agent holds 0 for the
-  duration of the fork and then takes its own back. When nobody can lower it (a floor set from the
-  host, as for hardened sandboxes) the child keeps it, as the Python set-up's write failed too.
+* the OOM score: the child inherits the agent's at fork. When the agent's is not 0, the agent holds
+  0 for the duration of the fork and then takes its own back (it checks at start that it may).
+  When it cannot go to 0 (a floor the host set, as for hardened sandboxes) the child keeps the
+  agent's score, as the Python set-up's own write of 0 failed too; the agent stops trying.
 
 PTY children (TIOCSCTTY) and an agent that cannot switch to the user keep the Python set-up.
 """
@@ -55,21 +55,11 @@ def _write_oom(value: str) -> bool:
         return False
 
 
-def _probe_oom() -> tuple[bool, str | None]:
-    """(fast path possible, score to hold 0 over a fork or None when the child simply inherits)."""
+def _can_take_back_oom() -> bool:
+    """Whether the agent may raise its OOM score to 0 for a fork and then lower it again: it can
+    always raise it, and it can lower it back to a score it may already write (a no-op write)."""
     own = _read_oom()
-    if own is None:
-        return True, None  # no /proc/self/oom_score_adj: the Python set-up's write failed as well
-    if own == "0":
-        return True, None
-    if not _write_oom(own):  # a no-op write: fails when a lower score could not be taken back
-        return False, None
-    if not _write_oom("0"):
-        return True, None  # a floor: a child's write of 0 would fail the same way, it inherits
-    if not _write_oom(own):
-        log.warning("the agent could not take back its OOM score %s; children start as before", own)
-        return False, None
-    return True, own
+    return own is None or own == "0" or _write_oom(own)
 
 
 def _ignored_signals() -> set[int]:
@@ -90,8 +80,9 @@ class Spawner:
 
     def __init__(self) -> None:
         self._euid = os.geteuid()
-        oom_ok, self._hold_oom_from = _probe_oom()
-        self._plain = oom_ok and not (_ignored_signals() - _RESTORED)
+        self._plain = _can_take_back_oom() and not (_ignored_signals() - _RESTORED)
+        self._floored = False
+        """A child cannot lower its score to 0 either (a floor the host set): children inherit it."""
 
     def _fast(self, user: User, pty: bool) -> bool:
         if not self._plain or pty:
@@ -126,10 +117,12 @@ class Spawner:
             return subprocess.Popen(argv, preexec_fn=child_setup(user, pty=pty), **common)
         if self._euid == 0:
             common.update(user=user.uid, group=user.gid, extra_groups=list(user.groups))
-        own = self._hold_oom_from
-        if own is None:
+        own = None if self._floored else _read_oom()
+        if own is None or own == "0":
             return subprocess.Popen(argv, **common)
-        _write_oom("0")
+        if not _write_oom("0"):
+            self._floored = True  # the Python set-up's write of 0 failed the same way
+            return subprocess.Popen(argv, **common)
         try:
             return subprocess.Popen(argv, **common)
         finally:
