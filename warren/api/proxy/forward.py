@@ -25,8 +25,8 @@ from .upstream import (
     RESET_ON_CLOSE,
     SandboxPool,
     UpstreamConnectError,
+    UpstreamConnection,
     UpstreamError,
-    _Connection,
     exchange,
 )
 
@@ -304,7 +304,7 @@ async def _send_request(
     request_target: bytes,
     headers: list[tuple[bytes, bytes]],
     body: AsyncIterator[bytes] | None,
-) -> _Connection:
+) -> UpstreamConnection:
     """Send the request and wait for the response head, on a pooled connection when there is one.
 
     A pooled connection the sandbox closed while it sat idle fails before any answer: a request
@@ -328,7 +328,7 @@ async def _send_request(
     return conn
 
 
-async def _pump(conn: _Connection, method: str, send: Send) -> None:
+async def _pump(conn: UpstreamConnection, method: str, send: Send) -> None:
     """The response head and body to the client (HEAD, 1xx, 204 and 304 responses have no body)."""
     await send(
         {

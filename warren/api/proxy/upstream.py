@@ -39,7 +39,7 @@ class UpstreamConnectError(UpstreamError):
 _EOF = b""
 
 
-class _Connection(asyncio.Protocol):
+class UpstreamConnection(asyncio.Protocol):
     """One TCP connection to a sandbox port; parses one response at a time."""
 
     def __init__(self) -> None:
@@ -200,10 +200,10 @@ class SandboxPool:
 
     def __init__(self, max_keepalive: int) -> None:
         self._max_keepalive = max_keepalive
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}
-        self._open: set[_Connection] = set()
+        self._idle: dict[tuple[str, int], list[UpstreamConnection]] = {}
+        self._open: set[UpstreamConnection] = set()
 
-    async def acquire(self, host: str, port: int) -> tuple[_Connection, bool]:
+    async def acquire(self, host: str, port: int) -> tuple[UpstreamConnection, bool]:
         """A connection to ``host:port``, and whether it is a pooled one (it may have gone stale)."""
         idle = self._idle.get((host, port))
         now = time.monotonic()
@@ -215,13 +215,13 @@ class SandboxPool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                _, conn = await loop.create_connection(_Connection, host, port)
+                _, conn = await loop.create_connection(UpstreamConnection, host, port)
         except (OSError, TimeoutError) as exc:
             raise UpstreamConnectError(str(exc) or type(exc).__name__) from None
         self._open.add(conn)
         return conn, False
 
-    def release(self, conn: _Connection, host: str, port: int) -> None:
+    def release(self, conn: UpstreamConnection, host: str, port: int) -> None:
         """Pool ``conn`` after an exchange if it can carry another; otherwise end it."""
         idle = self._idle.setdefault((host, port), [])
         if conn.reusable and len(idle) < self._max_keepalive:
@@ -230,7 +230,7 @@ class SandboxPool:
         else:
             self.discard(conn)
 
-    def discard(self, conn: _Connection) -> None:
+    def discard(self, conn: UpstreamConnection) -> None:
         conn.abort()
         self._open.discard(conn)
 
@@ -243,7 +243,7 @@ class SandboxPool:
 
 
 async def exchange(
-    conn: _Connection,
+    conn: UpstreamConnection,
     method: str,
     target: bytes,
     host_header: bytes,
