@@ -27,14 +27,34 @@ def create_to_first_command(template: str, n: int) -> dict[str, Any]:
     return summary_ms([create_to_first_command_once(template) for _ in range(n)])
 
 
+_BASH_FLOOR = """
+import json, subprocess, time
+samples = []
+for _ in range({n}):
+    t0 = time.perf_counter()
+    subprocess.run(["/bin/bash", "-l", "-c", "true"])
+    samples.append(time.perf_counter() - t0)
+print(json.dumps(samples))
+"""
+"""What ``commands.run("true")`` asks of the sandbox (the SDK runs ``/bin/bash -l -c <cmd>``), started
+from a Python in the sandbox as the default user: the floor under the round trip."""
+
+
 def commands_round_trip(template: str, n: int) -> dict[str, Any]:
+    """``commands.run("true")`` through the proxy, and in the same sandbox the bare fork/exec floor."""
+    import json
+
     from e2b import Sandbox
 
     sbx = Sandbox.create(template=template, timeout=300)
     try:
         for _ in range(5):
             sbx.commands.run("true")
-        return summary_ms([timed(lambda: sbx.commands.run("true")) for _ in range(n)])
+        out = summary_ms([timed(lambda: sbx.commands.run("true")) for _ in range(n)])
+        sbx.files.write("/tmp/bench_bash_floor.py", _BASH_FLOOR.format(n=n))
+        floor = sbx.commands.run("python3 /tmp/bench_bash_floor.py", timeout=300).stdout
+        out["in_sandbox_bash_l_c_true"] = summary_ms(json.loads(floor))
+        return out
     finally:
         sbx.kill()
 

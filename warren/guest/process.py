@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import errno
 import json
 import os
 import signal
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import RpcError
+from .spawning import Spawner, set_winsize
 
 if TYPE_CHECKING:
     from subprocess import Popen
@@ -306,7 +305,7 @@ class ManagedProcess:
     def resize(self, cols: int, rows: int) -> None:
         if self._pty_fd is None:
             raise RpcError("internal", "tty not assigned to process")
-        _set_winsize(self._pty_fd, cols, rows)
+        set_winsize(self._pty_fd, cols, rows)
 
     def send_signal(self, sig: int) -> None:
         """Signal the process group (the child is a session leader); fall back to the pid."""
@@ -399,6 +398,7 @@ class ProcessTable:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._by_pid: dict[int, ManagedProcess] = {}
+        self._spawner = Spawner()
 
     def running(self) -> list[ManagedProcess]:
         return [p for p in self._by_pid.values() if p.exit is None]
@@ -448,7 +448,7 @@ class ProcessTable:
                 parent_fds.append(master)
                 child_fds.append(slave)
                 cols, rows = spec.pty_size
-                _set_winsize(master, cols, rows)
+                set_winsize(master, cols, rows)
                 os.set_blocking(master, False)
                 stdin: int = slave
                 stdout: int = slave
@@ -472,17 +472,15 @@ class ProcessTable:
                     stdin = in_r
                 else:
                     stdin = subprocess.DEVNULL
-            popen = subprocess.Popen(
+            popen = self._spawner.popen(
                 spec.argv,
                 stdin=stdin,
                 stdout=stdout,
                 stderr=stderr,
                 cwd=spec.cwd,
                 env=spec.env,
-                close_fds=True,
-                restore_signals=True,
-                start_new_session=True,
-                preexec_fn=_child_setup(spec.user, pty=pty_fd is not None),
+                user=spec.user,
+                pty=pty_fd is not None,
             )
         except BaseException as exc:
             for fd in parent_fds + child_fds:
@@ -496,47 +494,3 @@ class ProcessTable:
         proc = ManagedProcess(self, spec, popen, outputs, stdin_fd, pty_fd)
         self._by_pid[proc.pid] = proc
         return proc
-
-
-def _set_winsize(fd: int, cols: int, rows: int) -> None:
-    import fcntl
-    import struct
-    import termios
-
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-
-
-def _child_setup(user: User, *, pty: bool) -> Callable[[], None]:
-    """The code run in the child between fork and exec (after setsid)."""
-    if pty:
-        import fcntl
-        import termios
-
-        tiocsctty = termios.TIOCSCTTY
-        ioctl = fcntl.ioctl
-    euid = os.geteuid()
-    reset = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
-
-    def setup() -> None:
-        # Before dropping privileges: /proc/self is no longer ours to write after setuid.
-        try:
-            with open("/proc/self/oom_score_adj", "w") as f:
-                f.write("0")
-        except OSError:
-            pass
-        for sig in reset:
-            try:
-                signal.signal(sig, signal.SIG_DFL)
-            except (OSError, ValueError):
-                pass
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
-        if pty:
-            ioctl(0, tiocsctty, 0)
-        if euid == 0:
-            os.setgroups(list(user.groups))
-            os.setgid(user.gid)
-            os.setuid(user.uid)
-        elif user.uid != euid:
-            raise PermissionError(errno.EPERM, f"the agent cannot run processes as user '{user.name}'")
-
-    return setup

@@ -11,11 +11,9 @@ import contextlib
 import json
 import logging
 import socket
-import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import httpx
 import websockets
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -23,6 +21,14 @@ from ...aio import race
 from ...errors import TooManyRequestsError, WarrenError
 from ...orchestrator.states import SandboxState
 from .routing import Target, target_of
+from .upstream import (
+    RESET_ON_CLOSE,
+    SandboxPool,
+    UpstreamConnectError,
+    UpstreamConnection,
+    UpstreamError,
+    exchange,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +45,6 @@ _HOP_BY_HOP = frozenset(
         b"host",
     }
 )
-_RESET_ON_CLOSE = struct.pack("ii", 1, 0)
-"""SO_LINGER on, 0 s: connections to a sandbox end with a reset, leaving nothing in TIME_WAIT inside it."""
 Resolver = Callable[[str], "tuple[str, SandboxState] | None"]
 Waker = Callable[[str], Awaitable[str | None]]
 _WAKE_DEADLINE_S = 60.0
@@ -68,6 +72,23 @@ def _origin_path(scope: Scope) -> bytes | None:
     return raw if raw.startswith(b"/") else None
 
 
+def _without_dot_segments(path: bytes) -> bytes:
+    """``path`` with ``.`` and ``..`` segments resolved (RFC 3986 5.2.4), as the proxy always sent it."""
+    segments = path.split(b"/")
+    if b"." not in segments and b".." not in segments:
+        return path
+    out: list[bytes] = []
+    for segment in segments:
+        if segment == b".":
+            continue
+        if segment == b"..":
+            if out and out != [b""]:
+                out.pop()
+        else:
+            out.append(segment)
+    return b"/".join(out) or b"/"
+
+
 class _Paused(Exception):
     """The target sandbox is paused and does not auto-resume."""
 
@@ -93,35 +114,20 @@ class SandboxProxy:
         self._wake = wake
         self._domain = domain
         self._max_keepalive = max_keepalive
-        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._pools: dict[str, SandboxPool] = {}
         self._streams: dict[str, set[asyncio.Timeout]] = {}
 
-    def _client(self, sandbox_id: str) -> httpx.AsyncClient:
+    def _pool(self, sandbox_id: str) -> SandboxPool:
         """One connection pool per sandbox, so a pause or kill can drop exactly its connections."""
-        client = self._clients.get(sandbox_id)
-        if client is None:
-            transport = httpx.AsyncHTTPTransport(
-                http1=True,
-                http2=False,
-                socket_options=[
-                    (socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE),
-                    # httpcore writes headers and body separately: without this, Nagle holds the
-                    # body until the agent's delayed ACK (40 ms on every request).
-                    (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),
-                ],
-                limits=httpx.Limits(
-                    max_connections=None, max_keepalive_connections=self._max_keepalive, keepalive_expiry=30
-                ),
-            )
-            timeout = httpx.Timeout(connect=5.0, read=None, write=None, pool=None)
-            client = httpx.AsyncClient(transport=transport, trust_env=False, timeout=timeout)
-            self._clients[sandbox_id] = client
-        return client
+        pool = self._pools.get(sandbox_id)
+        if pool is None:
+            pool = self._pools[sandbox_id] = SandboxPool(self._max_keepalive)
+        return pool
 
     async def aclose(self) -> None:
-        clients, self._clients = self._clients, {}
-        for client in clients.values():
-            await client.aclose()
+        pools, self._pools = self._pools, {}
+        for pool in pools.values():
+            pool.close()
 
     async def abort(self, sandbox_id: str) -> None:
         """End every open stream to ``sandbox_id`` and reset its pooled connections (it died, was
@@ -139,9 +145,24 @@ class SandboxProxy:
             if not self._streams.get(sandbox_id):
                 break
             await asyncio.sleep(0.005)
-        client = self._clients.pop(sandbox_id, None)
-        if client is not None:
-            await client.aclose()
+        pool = self._pools.pop(sandbox_id, None)
+        if pool is not None:
+            pool.close()
+
+    @contextlib.asynccontextmanager
+    async def _tracked(self, sandbox_id: str) -> AsyncIterator[asyncio.Timeout]:
+        """Register one open stream to ``sandbox_id`` for ``abort``: its deadline, expired by an
+        abort, makes the block raise ``TimeoutError`` (``expired()`` tells it from other timeouts)."""
+        streams = self._streams.setdefault(sandbox_id, set())
+        cut = asyncio.timeout(None)
+        streams.add(cut)
+        try:
+            async with cut:
+                yield cut
+        finally:
+            streams.discard(cut)
+            if not streams and self._streams.get(sandbox_id) is streams:
+                del self._streams[sandbox_id]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
@@ -201,54 +222,36 @@ class SandboxProxy:
             await _send_json(send, 400, _NOT_ORIGIN_FORM)
             return
         query = scope.get("query_string", b"")
-        # From parts, never by pasting the target after the authority: a target such as
-        # "@127.0.0.1:22/x" would otherwise become the userinfo of a URL naming a host port.
-        url = httpx.URL(scheme="http", host=address, port=target.port, raw_path=path + (b"?" + query if query else b""))
-        client = self._client(target.sandbox_id)
-        request = client.build_request(
-            scope["method"], url, headers=headers, content=_body(receive) if has_body else None
-        )
+        # The target is origin-form (starts with "/"): it names a path on the sandbox's port only.
+        request_target = _without_dot_segments(path) + (b"?" + query if query else b"")
+        host, port = address, target.port
+        pool = self._pool(target.sandbox_id)
+        method: str = scope["method"]
+        body = _body(receive) if has_body else None
         try:
-            response = await client.send(request, stream=True)
-        except httpx.ConnectError:
+            conn = await _send_request(pool, host, port, method, request_target, headers, body)
+        except UpstreamConnectError:
             await _send_json(
                 send, 502, f"The sandbox {target.sandbox_id} is running but port {target.port} is not open"
             )
             return
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             await _send_json(send, 502, f"The sandbox {target.sandbox_id} was not found: {exc}")
             return
-        streams = self._streams.setdefault(target.sandbox_id, set())
-        stream_deadline = asyncio.timeout(None)
-        streams.add(stream_deadline)
         try:
-            async with stream_deadline:
-                await self._pump(response, send)
-        except TimeoutError:
-            log.info("proxy stream to %s aborted: the sandbox went away", target.sandbox_id)
-            raise SandboxGone(target.sandbox_id) from None
+            try:
+                async with self._tracked(target.sandbox_id) as cut:
+                    await _pump(conn, method, send)
+            except TimeoutError:
+                if not cut.expired():
+                    raise
+                log.info("proxy stream to %s aborted: the sandbox went away", target.sandbox_id)
+                raise SandboxGone(target.sandbox_id) from None
         finally:
-            streams.discard(stream_deadline)
-            if not streams and self._streams.get(target.sandbox_id) is streams:
-                del self._streams[target.sandbox_id]
-            await response.aclose()
-
-    async def _pump(self, response: httpx.Response, send: Send) -> None:
-        try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status_code,
-                    "headers": [
-                        (k, v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP
-                    ],
-                }
-            )
-            async for chunk in response.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
-        except (httpx.HTTPError, OSError) as exc:
-            log.debug("proxy stream ended early: %s", exc)
+            if method == "HEAD":
+                pool.discard(conn)  # its Content-Length announced a body that never comes
+            else:
+                pool.release(conn, host, port)
 
     async def _websocket(self, target: Target, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -274,9 +277,77 @@ class SandboxProxy:
         except (OSError, websockets.WebSocketException, TimeoutError) as exc:
             await send({"type": "websocket.close", "code": 1011, "reason": f"upstream: {exc}"[:120]})
             return
-        async with upstream:
+        upstream.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_ON_CLOSE)
+        try:
             await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
-            await _pump_websocket(upstream, receive, send)
+            async with self._tracked(target.sandbox_id) as cut:
+                try:
+                    await _pump_websocket(upstream, receive, send)
+                except BaseException:
+                    upstream.transport.abort()  # a reset, before abort() moves on to pause or kill
+                    raise
+        except TimeoutError:
+            if not cut.expired():
+                raise
+            log.info("proxied WebSocket to %s closed: the sandbox went away", target.sandbox_id)
+            with contextlib.suppress(OSError, RuntimeError):  # the client may be gone already
+                await send({"type": "websocket.close", "code": 1001, "reason": "the sandbox went away"})
+        finally:
+            await upstream.close()
+
+
+async def _send_request(
+    pool: SandboxPool,
+    host: str,
+    port: int,
+    method: str,
+    request_target: bytes,
+    headers: list[tuple[bytes, bytes]],
+    body: AsyncIterator[bytes] | None,
+) -> UpstreamConnection:
+    """Send the request and wait for the response head, on a pooled connection when there is one.
+
+    A pooled connection the sandbox closed while it sat idle fails before any answer: a request
+    without a body is then sent again once, on a new connection.
+    """
+    host_header = f"{host}:{port}".encode()
+    conn, reused = await pool.acquire(host, port)
+    try:
+        await exchange(conn, method, request_target, host_header, headers, body)
+        return conn
+    except UpstreamError:
+        pool.discard(conn)
+        if not reused or body is not None or conn.answered:
+            raise
+    conn, _ = await pool.acquire(host, port)
+    try:
+        await exchange(conn, method, request_target, host_header, headers, None)
+    except UpstreamError:
+        pool.discard(conn)
+        raise
+    return conn
+
+
+async def _pump(conn: UpstreamConnection, method: str, send: Send) -> None:
+    """The response head and body to the client (HEAD, 1xx, 204 and 304 responses have no body)."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": conn.status,
+            "headers": [(k, v) for k, v in conn.headers if k.lower() not in _HOP_BY_HOP],
+        }
+    )
+    try:
+        ended = False
+        if method != "HEAD":
+            async for chunk, last in conn.body():
+                # The last piece ends the response in the same write (uvicorn adds the final chunk).
+                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                ended = last
+        if not ended:
+            await send({"type": "http.response.body", "body": b""})
+    except (UpstreamError, OSError) as exc:
+        log.debug("proxy stream ended early: %s", exc)
 
 
 async def _pump_websocket(upstream: Any, receive: Receive, send: Send) -> None:
@@ -296,9 +367,7 @@ async def _pump_websocket(upstream: Any, receive: Receive, send: Send) -> None:
                 await send({"type": "websocket.send", key: data})
         await send({"type": "websocket.close", "code": upstream.close_code or 1000})
 
-    await race(
-        client_to_upstream(), upstream_to_client(), names=("ws-client-to-upstream", "ws-upstream-to-client")
-    )
+    await race(client_to_upstream(), upstream_to_client(), names=("ws-client-to-upstream", "ws-upstream-to-client"))
 
 
 async def _body(receive: Receive) -> AsyncIterator[bytes]:
