@@ -5,11 +5,14 @@ It also proves the contract bites: a module added in a copy of the tree that imp
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 _LINT = "from importlinter.cli import lint_imports_command; lint_imports_command()"
@@ -17,6 +20,8 @@ _LINT = "from importlinter.cli import lint_imports_command; lint_imports_command
 
 def _lint(cwd: Path) -> subprocess.CompletedProcess[str]:
     """``lint-imports --no-cache`` in ``cwd`` with this interpreter (lint-imports analyses ``cwd``'s warren)."""
+    if importlib.util.find_spec("importlinter") is None:
+        pytest.fail("import-linter is not installed in this venv: it is in requirements.lock, run scripts/setup.sh")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-c", _LINT, "--no-cache"], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=120, check=False)  # fmt: skip
