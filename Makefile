@@ -11,12 +11,13 @@ setup:  ## Debian packages, .venv, warren setup (agent bundle + built-in templat
 serve:  ## run a node in the foreground; needs root
 	$(VENV)/bin/warren serve --listen $(LISTEN) --state-dir $(STATE_DIR)
 
-test:  ## what CI runs: setup, ruff, mypy --strict, pytest
+test:  ## what CI runs: setup, ruff, mypy --strict, lint-imports, pytest
 	scripts/test.sh
 
 lint:
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy --strict warren
+	$(VENV)/bin/lint-imports --no-cache
 
 bench:  ## measure a real node; writes bench/report.json
 	$(VENV)/bin/python -m bench --out bench/report.json

@@ -174,10 +174,10 @@ def leftovers(root: Path, baseline: set[str]) -> dict[str, list[str]]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             if prefix in cmd or "/warren-bench/" in Path(f"/proc/{pid}/cgroup").read_text():
                 procs.append(f"{pid} {cmd[:160]}")
-    with open("/proc/self/mountinfo") as fh:
-        mounts = [line.split()[4] for line in fh if line.split()[4].startswith(prefix)]
+    from warren.mountinfo import read_mounts
     from warren.runtime.disk import loop_devices_backed_by
 
+    mounts = [str(m.point) for m in read_mounts() if str(m.point).startswith(prefix)]
     loops = loop_devices_backed_by(root.absolute())
     containers = []
     for rt_root in [*root.rglob("runtime/runc"), *root.rglob("runtime/runsc")]:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The one test command: setup (idempotent, skipped if not root), ruff, mypy --strict, pytest.
+# The one test command: setup (idempotent, skipped if not root), ruff, mypy --strict, lint-imports (the
+# layer contract in pyproject.toml), pytest.
 # Every stage runs; the exit status is non-zero if any of them failed (pytest's 5, "no tests
 # collected", counts as a failure like any other).
 set -uo pipefail
@@ -27,6 +28,9 @@ log "ruff check"
 
 log "mypy --strict warren"
 "$VENV/bin/mypy" --strict warren || failed+=(mypy)
+
+log "lint-imports (layers: pyproject.toml [tool.importlinter])"
+"$VENV/bin/lint-imports" --no-cache || failed+=(lint-imports)
 
 log "pytest"
 "$VENV/bin/pytest" -p no:cacheprovider tests "$@" || failed+=(pytest)

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .ints import parse_int
+
 DEFAULT_CACHE_DIR = Path("/var/cache/warren")
 
 
@@ -91,7 +93,7 @@ class Settings:
         env: dict[str, object] = {}
         for var, (name, parse) in _ENV.items():
             if raw := os.environ.get(var):
-                env[name] = parse(raw)
+                env[name] = parse_int(raw, var) if parse is int else parse(raw)
         if stall := os.environ.get("WARREN_TEST_STALL"):
             env["extra"] = {"test_stall": stall}
         env.update({k: v for k, v in overrides.items() if v is not None})

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .errors import WarrenError
+from .ints import parse_optional_int
 
 EXECUTOR_WORKERS_ENV = "WARREN_EXECUTOR_WORKERS"
 HTTP_MAX_KEEPALIVE_ENV = "WARREN_HTTP_MAX_KEEPALIVE"
@@ -90,13 +91,4 @@ def available_cpus() -> int:
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
     """A positive integer, or None when unset or empty (an empty value in a manifest means unset)."""
-    raw = env.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise FootprintConfigError(f"{name} must be a positive integer, got {raw!r}") from None
-    if value < 1:
-        raise FootprintConfigError(f"{name} must be a positive integer, got {value}")
-    return value
+    return parse_optional_int(env.get(name), name, minimum=1, error=FootprintConfigError)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 
 from .errors import InvalidRequestError
+from .ids import looks_like_id
 
 MAX_NAME = 128
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(?::[A-Za-z0-9_][A-Za-z0-9._-]*)?")
-_ID_FORM = re.compile(r"[ist][a-z0-9]{19}")
 _RESERVED_BASES = frozenset({"template"})
 
 
@@ -28,6 +28,6 @@ def validate_name(name: object, what: str = "template") -> str:
     base, sep, _ = name.partition(":")
     if sep and base.lower() in _RESERVED_BASES:
         raise InvalidRequestError(f"invalid {what} name {name!r}: names of the form '{base}:...' are reserved")
-    if _ID_FORM.fullmatch(name):
+    if looks_like_id(name):
         raise InvalidRequestError(f"invalid {what} name {name!r}: it has the form of a warren id")
     return name

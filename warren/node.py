@@ -26,11 +26,11 @@ from .api.httpguard import guarded_http_protocol
 from .config import Settings
 from .errors import ConflictError, InvalidRequestError
 from .footprint import FootprintCaps, apply_footprint_caps
+from .ids import new_template_id
 from .images import LayerStore
 from .names import validate_name
 from .node_runtimes import guest_source_dir, reap_orphans_for_node, start_runtimes
 from .orchestrator import SandboxManager
-from .orchestrator.manager import new_sandbox_id
 from .orchestrator.requests import ListQuery
 from .orchestrator.shutdown import preserve_all
 from .runtime import build_agent_bundle
@@ -107,7 +107,7 @@ async def _import_template(
     layer = await asyncio.to_thread(import_template, src, state_dir, name, roots=roots)
     cpu, mem = _BUILTIN_RESOURCES.get(name, (2, 512))
     record = TemplateRecord(
-        id=new_sandbox_id().replace("i", "t", 1),
+        id=new_template_id(),
         name=name,
         runtime=kind.value,
         layers=(str(layer),),

@@ -34,6 +34,22 @@ def test_malformed_json_and_bad_fields(node: Node) -> None:
         _json_error(c.get("/v2/sandboxes", params={"limit": "zero"}), 400)
 
 
+def test_bad_integers_in_queries(node: Node) -> None:
+    """Every integer query parameter goes through warren.ints: a 400 naming the parameter and its bounds."""
+    with node.client() as c:
+        for limit in ("0", "1001", "-1", "1.5"):
+            body = _json_error(c.get("/v2/sandboxes", params={"limit": limit}), 400)
+            assert "limit must be an integer between 1 and 1000" in str(body["message"])
+            body = _json_error(c.get("/snapshots", params={"limit": limit}), 400)
+            assert "limit must be an integer between 1 and 1000" in str(body["message"])
+        status = "/templates/tnope/builds/bnope/status"
+        body = _json_error(c.get(status, params={"logsOffset": "-1"}), 400)
+        assert "logsOffset must be a non-negative integer" in str(body["message"])
+        body = _json_error(c.get(status, params={"limit": "many"}), 400)
+        assert "limit must be a non-negative integer, got 'many'" in str(body["message"])
+        assert c.get("/v2/sandboxes", params={"limit": ""}).status_code == 200  # empty means unset
+
+
 def test_api_key_required(node: Node) -> None:
     _json_error(httpx.get(f"{node.url}/v2/sandboxes"), 401)
     _json_error(httpx.get(f"{node.url}/v2/sandboxes", headers={"X-API-Key": "wrong"}), 401)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from warren.mountinfo import points_under, read_mounts
 from warren.runtime.cgroups import CgroupHierarchies
 
 __all__ = ["HostSnapshot", "assert_no_leaks", "snapshot"]
@@ -97,13 +98,8 @@ def _cgroup_dirs(parents: Sequence[str]) -> frozenset[str]:
 
 
 def _mounts(state_dirs: Sequence[str]) -> frozenset[str]:
-    out: set[str] = set()
-    with open("/proc/self/mountinfo") as fh:
-        for line in fh:
-            point = line.split()[4]
-            if any(point == d or point.startswith(d + "/") for d in state_dirs):
-                out.add(point)
-    return frozenset(out)
+    mounts = read_mounts()
+    return frozenset(str(point) for d in state_dirs for point in points_under(d, mounts))
 
 
 def _loop_devices(state_dirs: Sequence[str]) -> frozenset[str]:

@@ -136,7 +136,7 @@ def _listing(root: Path) -> list[tuple[str, str, bytes]]:
 
 @pytest.mark.parametrize("window", [2, 3, 7])
 def test_branching_trees_with_a_tiny_fd_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, window: int) -> None:
-    monkeypatch.setattr(trees, "FD_WINDOW", window)
+    monkeypatch.setattr(trees._walk, "FD_WINDOW", window)  # read by the walk engine
     src = tmp_path / "src"
     _random_tree(src, seed=window)
     expected = _listing(src)

@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from ..errors import InvalidRequestError
+from ..ints import parse_optional_int
 from ..orchestrator.requests import CreateRequest, Lifecycle, ListQuery
 from ..orchestrator.states import SandboxState, public_state
 from ..snapshots import SnapshotManifest
@@ -109,14 +110,7 @@ def parse_list_query(params: dict[str, str]) -> ListQuery:
         states = frozenset(s.strip() for s in raw_state.split(",") if s.strip())
         if not states <= {"running", "paused"}:
             raise InvalidRequestError("state must be running and/or paused")
-    limit = None
-    if raw_limit := params.get("limit"):
-        try:
-            limit = int(raw_limit)
-        except ValueError:
-            raise InvalidRequestError("limit must be an integer") from None
-        if not 1 <= limit <= 1000:
-            raise InvalidRequestError("limit must be between 1 and 1000")
+    limit = parse_optional_int(params.get("limit"), "limit", minimum=1, maximum=1000, error=InvalidRequestError)
     return ListQuery(metadata=metadata, states=states, limit=limit, next_token=params.get("nextToken"))
 
 

@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import logging
 import secrets
-import string
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from ..errors import (
     TooManyRequestsError,
     UnavailableError,
 )
+from ..ids import new_sandbox_id
 from ..runtime.base import AGENT_PORT, Resources, Runtime, RuntimeKind, SandboxSpec, SandboxStats
 from ..runtime.registry import RuntimeRegistry, StagedRuntime
 from ..snapshots import SnapshotRepository
@@ -43,17 +43,12 @@ from .states import SandboxState, public_state, transition
 
 log = logging.getLogger(__name__)
 
-_ID_ALPHABET = string.ascii_lowercase + string.digits
 MAX_FORKS = 20
 _AGENT_START_DEADLINE_S = {RuntimeKind.RUNC: 30.0, RuntimeKind.GVISOR: 60.0}
 DEFAULT_USER = "user"
 _HOLDS_SLOT = frozenset({SandboxState.RUNNING, SandboxState.PAUSING})
 """States that hold a slot of the node's sandbox cap by themselves; creating and resuming sandboxes
 hold a reservation instead (:meth:`ManagerCore._sandbox_slot`), paused and killing ones none."""
-
-
-def new_sandbox_id() -> str:
-    return "i" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(19))
 
 
 @dataclass

@@ -18,6 +18,7 @@ from ..errors import (
     UnavailableError,
     WarrenError,
 )
+from ..ids import new_snapshot_id
 from ..runtime.base import Runtime, RuntimeKind
 from ..snapshots import SnapshotManifest, SnapshotRepository
 from ..store import SandboxRecord, TemplateRecord
@@ -54,7 +55,7 @@ class SnapshotOps(LifecycleOps):
         if name is not None and repo.find(name) is not None:
             raise ConflictError(f"a snapshot named {name!r} exists already")
         live = self._get_live(sandbox_id)
-        snapshot_id = "s" + new_sandbox_id()[1:]
+        snapshot_id = new_snapshot_id()
         async with live.lock:
             self._require(live, SandboxState.RUNNING, SandboxState.PAUSED)
             async with repo.writing(snapshot_id) as data:

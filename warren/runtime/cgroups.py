@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from warren.mountinfo import SELF, read_mounts
 from warren.trees import walk
 
 __all__ = ["CgroupHierarchies", "CgroupUsage"]
@@ -31,10 +32,6 @@ class CgroupUsage:
     memory_cache: int
     memory_limit: int | None
     cpu_usage_ns: int
-
-
-def _unescape(field: str) -> str:
-    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
 def _read_int(path: Path) -> int | None:
@@ -72,21 +69,16 @@ class CgroupHierarchies:
     v2: Path | None
 
     @classmethod
-    def detect(cls, mountinfo: Path = Path("/proc/self/mountinfo")) -> CgroupHierarchies:
+    def detect(cls, mountinfo: Path = SELF) -> CgroupHierarchies:
         v1: dict[str, Path] = {}
         v2: Path | None = None
-        for line in mountinfo.read_text().splitlines():
-            pre, _, post = line.partition(" - ")
-            fields, tail = pre.split(), post.split()
-            if len(fields) < 5 or len(tail) < 3:
-                continue
-            fstype, mountpoint = tail[0], Path(_unescape(fields[4]))
-            if fstype == "cgroup2":
-                v2 = v2 or mountpoint
-            elif fstype == "cgroup":
-                for opt in tail[2].split(","):
+        for mount in read_mounts(mountinfo):
+            if mount.fstype == "cgroup2":
+                v2 = v2 or mount.point
+            elif mount.fstype == "cgroup":
+                for opt in mount.super_options:
                     if opt not in _NOT_CONTROLLERS and not opt.startswith(("release_agent", "clone_children")):
-                        v1.setdefault(opt, mountpoint)
+                        v1.setdefault(opt, mount.point)
         return cls(v1, v2)
 
     def directories(self, rel: str) -> list[Path]:

@@ -60,7 +60,7 @@ from typing import Any
 
 from warren.errors import RuntimeFailure
 from warren.runtime.rootfs import is_mountpoint as _is_mountpoint
-from warren.trees import remove_tree
+from warren.trees import fsync_dir, remove_tree
 
 __all__ = ["DISK_DIR", "DISK_IMAGE", "MIN_DISK_MB", "SandboxDisks", "loop_devices_backed_by"]
 
@@ -299,7 +299,7 @@ class SandboxDisks:
                                timeout=MKFS_TIMEOUT)  # fmt: skip
                 _fsync(tmp)  # every sandbox of this size starts from it: it must survive a host crash whole
                 os.replace(tmp, path)
-                _fsync(self.templates)
+                fsync_dir(self.templates)
             except subprocess.CalledProcessError as exc:
                 raise RuntimeFailure(f"mkfs.ext4 of a {size_mb} MiB sandbox disk failed: "
                                      f"{exc.stderr.decode(errors='replace').strip()[-300:]}") from exc  # fmt: skip

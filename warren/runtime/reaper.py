@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from warren.errors import InvalidRequestError, RuntimeFailure
+from warren.mountinfo import read_mounts
 from warren.runtime.base import RuntimeKind
 from warren.runtime.cgroups import CgroupHierarchies
 from warren.runtime.net.manager import NetworkManager, SandboxNetwork
@@ -214,8 +215,12 @@ def _names_state_dir(pid: int, state_dir: Path, proc: Path) -> bool:
     needle = os.fsencode(state_dir) + b"/"
     if needle in _read_bytes(proc / str(pid) / "cmdline"):
         return True
-    escaped = os.fsencode(str(state_dir).replace("\\", "\\134").replace(" ", "\\040")) + b"/sandboxes/"
-    return b"upperdir=" + escaped in _read_bytes(proc / str(pid) / "mountinfo")
+    try:
+        mounts = read_mounts(proc / str(pid) / "mountinfo")
+    except OSError:
+        return False
+    upper = f"{state_dir}/sandboxes/"
+    return any((m.option("upperdir") or "").startswith(upper) for m in mounts)
 
 
 def _valid(sandbox_id: str) -> bool:

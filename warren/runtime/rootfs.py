@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from warren.errors import RuntimeFailure
+from warren.mountinfo import SELF, points_under, read_mounts
 from warren.trees import tree_usage
 
 __all__ = ["directory_usage", "is_mountpoint", "mount_overlay", "mounts_under", "unmount"]
@@ -65,19 +66,12 @@ def unmount(target: Path) -> None:
     raise RuntimeFailure(f"unmounting {target} failed: {os.strerror(ctypes.get_errno() or err)}")
 
 
-def mounts_under(root: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> list[Path]:
+def mounts_under(root: Path, mountinfo: Path = SELF) -> list[Path]:
     """Mount points at or below ``root`` in our mount namespace."""
-    top = str(root).rstrip("/")
-    found = []
-    with mountinfo.open() as fh:
-        for line in fh:
-            point = line.split()[4].replace("\\040", " ")
-            if point == top or point.startswith(top + "/"):
-                found.append(Path(point))
-    return found
+    return points_under(root, read_mounts(mountinfo))
 
 
-def is_mountpoint(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
+def is_mountpoint(path: Path, mountinfo: Path = SELF) -> bool:
     """Whether ``path`` is a mount point in our mount namespace."""
     return Path(str(path).rstrip("/") or "/") in mounts_under(path, mountinfo)
 

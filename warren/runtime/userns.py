@@ -13,6 +13,7 @@ under a plain upper mount read-write; the same layer can be idmapped for many ra
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from warren.errors import RuntimeFailure
 from warren.runtime.rootfs import mount_overlay, unmount
+from warren.trees import remove_tree
 
 __all__ = [
     "NAMESPACES",
@@ -308,15 +310,7 @@ def unsearchable_ancestor(path: Path) -> Path | None:
 
 
 def _remove_small(root: Path) -> None:
-    """Remove the probe's own few files (never sandbox content)."""
-    for sub in ("merged", "work/work", "work", "upper/g", "upper", "lower/f", "lower"):
-        p = root / sub
-        try:
-            p.rmdir() if p.is_dir() and not p.is_symlink() else p.unlink()
-        except OSError:
-            pass
-    try:
-        root.rmdir()
-    except OSError:
-        pass
+    """Remove the probe's own few files (never sandbox content); an overlay left mounted stays."""
+    with contextlib.suppress(OSError):
+        remove_tree(root)
 

@@ -9,7 +9,6 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -17,9 +16,7 @@ from typing import Any
 
 from warren import trees
 from warren.errors import HostError
-
-_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
-"""mountinfo writes space, tab, newline and backslash in paths as octal escapes (``\\040``)."""
+from warren.mountinfo import parse_mounts, points_under, read_mounts
 
 STDERR_TAIL_CHARS = 2000
 """How much of a failed command's output goes into the error message: enough for the cause."""
@@ -56,20 +53,11 @@ def run(
 
 def mountpoints_under(path: Path, mountinfo: str | None = None) -> list[Path]:
     """Mount points at or below ``path``, deepest first (the order to unmount them in)."""
-    if mountinfo is None:
-        try:
-            mountinfo = Path("/proc/self/mountinfo").read_text()
-        except OSError:
-            return []
-    root = os.path.realpath(path)
-    found: list[Path] = []
-    for line in mountinfo.splitlines():
-        fields = line.split(" ")
-        if len(fields) < 5:
-            continue
-        point = _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
-        if point == root or point.startswith(root.rstrip("/") + "/"):
-            found.append(Path(point))
+    try:
+        mounts = read_mounts() if mountinfo is None else parse_mounts(mountinfo)
+    except OSError:
+        return []
+    found = points_under(os.path.realpath(path), mounts)
     return sorted(found, key=lambda p: len(p.parts), reverse=True)
 
 
@@ -105,16 +93,11 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        trees.fsync_dir(path.parent)
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise HostError(f"cannot write {path}: {exc}") from exc
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or create inside ``path`` durable."""
-    trees.fsync_dir(path)
 
 
 @contextlib.contextmanager

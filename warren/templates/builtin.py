@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from warren.errors import HostError, NotFoundError
-from warren.templates._fs import exclusive_lock, fsync_dir, remove_tree, write_json_atomic
+from warren.templates._fs import exclusive_lock, remove_tree, write_json_atomic
 from warren.templates.busybox import DEFAULT_PATH, USER_HOME, build_busybox_rootfs, find_busybox
 from warren.templates.debian import SUITE, build_base_rootfs, host_debian_mirror
+from warren.trees import fsync_dir
 
 TEMPLATE_META = "template.json"
 ROOTFS = "rootfs"

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from warren import trees
 from warren.errors import ForbiddenError, HostError, InvalidRequestError, NotFoundError
-from warren.templates._fs import exclusive_lock, fsync_dir, remove_tree, run
+from warren.templates._fs import exclusive_lock, remove_tree, run
+from warren.trees import fsync_dir
 
 LAYERS = "layers"
 _TMP_PREFIX = ".tmp-"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from warren.errors import HostError
 from warren.images import LayerStore
+from warren.mountinfo import SELF, read_mounts
 from warren.store import TemplateRepo
 from warren.templates._fs import remove_tree
 from warren.templates.model import LAYER_PREFIX
@@ -134,22 +135,14 @@ class Layers:
         return removed
 
 
-def mounted_lower_dirs(mountinfo: Path = Path("/proc/self/mountinfo")) -> set[str]:
+def mounted_lower_dirs(mountinfo: Path = SELF) -> set[str]:
     """Every ``lowerdir`` of the overlay mounts in our mount namespace."""
-    found: set[str] = set()
     try:
-        text = mountinfo.read_text()
+        mounts = read_mounts(mountinfo)
     except OSError:
-        return found
-    for line in text.splitlines():
-        _, sep, tail = line.partition(" - ")
-        parts = tail.split(" ")
-        if not sep or len(parts) < 3 or parts[0] != "overlay":
-            continue
-        for option in parts[2].split(","):
-            if option.startswith("lowerdir="):
-                found.update(p.replace("\\040", " ") for p in option[len("lowerdir="):].split(":") if p)
-    return found
+        return set()
+    lowers = (m.option("lowerdir") or "" for m in mounts if m.fstype == "overlay")
+    return {p for lower in lowers for p in lower.split(":") if p}
 
 
 __all__ = ["HALF_SEALED", "Layers", "Usage", "mounted_lower_dirs"]

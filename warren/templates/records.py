@@ -5,8 +5,6 @@ Pure: nothing here reads or writes the store (:class:`warren.templates.build.Bui
 
 from __future__ import annotations
 
-import secrets
-import string
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -15,17 +13,12 @@ from typing import Any
 from warren import names
 from warren.config import Settings
 from warren.errors import InvalidRequestError
+from warren.ids import new_template_id
 from warren.images import PulledImage
 from warren.runtime.base import RuntimeKind
 from warren.store import TemplateRecord
 from warren.templates.model import DEFAULT_CPU, DEFAULT_DISK_MB, DEFAULT_MEMORY_MB, Build
 from warren.templates.steps import ROOT, BuildRequest, Metadata, account_name, env_from_image
-
-_ID_ALPHABET = string.ascii_lowercase + string.digits
-
-
-def new_template_id() -> str:
-    return "t" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(19))
 
 
 def validate_name(name: str) -> str:

@@ -10,13 +10,13 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import string
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from warren.errors import WarrenError
+from warren.ids import new_id
 from warren.runtime.base import Resources, Runtime, RuntimeKind, SandboxSpec
 from warren.templates.agent_client import AgentClient
 from warren.templates.buildlog import BuildLog
@@ -28,7 +28,6 @@ log = logging.getLogger(__name__)
 AGENT_START_DEADLINE_S = 30.0
 BUILD_MIN_MEMORY_MB = 1024
 """Build sandboxes get at least this much memory: package managers need more than a small template."""
-_ID_ALPHABET = string.ascii_lowercase + string.digits
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ class BuildSandbox:
 
 
 def new_sandbox_id() -> str:
-    return SANDBOX_PREFIX + "".join(secrets.choice(_ID_ALPHABET) for _ in range(17))
+    return new_id(SANDBOX_PREFIX)
 
 
 @contextlib.asynccontextmanager

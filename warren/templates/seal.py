@@ -16,9 +16,10 @@ from typing import Protocol
 
 from warren.errors import HostError
 from warren.runtime.base import PauseMode
-from warren.templates._fs import fsync_dir, remove_tree
+from warren.templates._fs import remove_tree
 from warren.templates.layers import HALF_SEALED, Layers
 from warren.templates.model import LAYER_PREFIX
+from warren.trees import fsync_dir
 
 
 class ExportingRuntime(Protocol):

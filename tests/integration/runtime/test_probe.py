@@ -9,6 +9,8 @@ import pytest
 from tests.framework.leaks import assert_no_leaks
 from tests.framework.runtime import host_snapshot, need_root
 from warren.runtime.probe import probe_runc, probe_runsc
+from warren.runtime.rootfs import mounts_under
+from warren.runtime.userns import probe_idmapped_mounts
 
 pytestmark = [pytest.mark.root]
 
@@ -53,3 +55,14 @@ async def test_patched_runsc_is_available(patched_runsc: Path, tmp_path: Path, a
     assert result["available"] is True, result["reason"]
     assert result["platform"] == "ptrace"
     assert_no_leaks(before)
+
+
+def test_idmapped_probe_leaves_no_scratch(tmp_path: Path) -> None:
+    """The idmapped-overlay probe removes its scratch tree (files owned by the mapped uid included) and
+    leaves nothing mounted, whether the kernel supports idmapped overlays or not."""
+    need_root()
+    scratch = tmp_path / "idmap"
+    reason = probe_idmapped_mounts(scratch)
+    assert isinstance(reason, str)
+    assert not scratch.exists()
+    assert not mounts_under(tmp_path)

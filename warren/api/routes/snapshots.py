@@ -9,6 +9,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ...errors import InvalidRequestError, NotFoundError
+from ...ints import parse_optional_int
 from ...names import validate_name
 from ..models import parse_json_object, snapshot_body
 from ..services import services
@@ -40,13 +41,11 @@ async def list_snapshots(request: Request) -> Response:
             raise InvalidRequestError("invalid nextToken") from None
         items = [m for m in items if f"{m.created_at!r}:{m.snapshot_id}" > after]
     headers = None
-    if raw_limit := q.get("limit"):
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 1000:
-            raise InvalidRequestError("limit must be between 1 and 1000")
-        if len(items) > int(raw_limit):
-            items = items[: int(raw_limit)]
-            last = f"{items[-1].created_at!r}:{items[-1].snapshot_id}"
-            headers = {"x-next-token": base64.urlsafe_b64encode(last.encode()).decode()}
+    limit = parse_optional_int(q.get("limit"), "limit", minimum=1, maximum=1000, error=InvalidRequestError)
+    if limit is not None and len(items) > limit:
+        items = items[:limit]
+        last = f"{items[-1].created_at!r}:{items[-1].snapshot_id}"
+        headers = {"x-next-token": base64.urlsafe_b64encode(last.encode()).decode()}
     return JSONResponse([snapshot_body(m) for m in items], headers=headers)
 
 

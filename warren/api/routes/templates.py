@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ...errors import InvalidRequestError, NotFoundError, PayloadTooLargeError, UnavailableError
+from ...ints import parse_optional_int
 from ...store import TemplateRecord
 from ...templates.build import Build, BuildService
 from ...templates.buildlog import rfc3339
@@ -137,23 +138,11 @@ async def start_build(request: Request) -> Response:
 async def build_status(request: Request) -> Response:
     """``GET /templates/{id}/builds/{buildID}/status?logsOffset=N&limit=L``: status and log entries from N."""
     params = request.query_params
-    offset = _query_int(params.get("logsOffset"), "logsOffset", 0)
-    limit = _query_int(params.get("limit"), "limit", None)
+    offset = parse_optional_int(params.get("logsOffset"), "logsOffset", minimum=0, error=InvalidRequestError)
+    limit = parse_optional_int(params.get("limit"), "limit", minimum=0, error=InvalidRequestError)
     template_id, build_id = request.path_params["template_id"], request.path_params["buildID"]
     buildlog = await _builds(request).status(template_id, build_id)
     return JSONResponse(buildlog.body(template_id, build_id, offset or 0, limit))
-
-
-def _query_int(raw: str | None, name: str, default: int | None) -> int | None:
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidRequestError(f"{name} must be an integer") from None
-    if value < 0:
-        raise InvalidRequestError(f"{name} must not be negative")
-    return value
 
 
 async def list_templates(request: Request) -> Response:

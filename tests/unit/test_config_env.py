@@ -1,0 +1,22 @@
+"""Settings.from_env: integer variables go through warren.ints, so a bad value names its variable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from warren.config import Settings
+
+
+def test_integer_variables_are_parsed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("WARREN_WARM_POOL", " 3 ")
+    monkeypatch.setenv("WARREN_MAX_SANDBOXES", "0")
+    settings = Settings.from_env(tmp_path)
+    assert (settings.warm_pool_size, settings.max_sandboxes) == (3, 0)
+
+
+def test_a_bad_integer_names_its_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("WARREN_WARM_POOL", "two")
+    with pytest.raises(ValueError, match="WARREN_WARM_POOL must be an integer, got 'two'"):
+        Settings.from_env(tmp_path)
