@@ -30,6 +30,7 @@ from .images import LayerStore
 from .names import validate_name
 from .node_runtimes import guest_source_dir, reap_orphans_for_node, start_runtimes
 from .orchestrator import SandboxManager
+from .orchestrator.faults import faults_from_env
 from .orchestrator.manager import new_sandbox_id
 from .orchestrator.requests import ListQuery
 from .orchestrator.shutdown import preserve_all
@@ -147,7 +148,7 @@ async def _build_service(
 
     def usage() -> Usage:
         sandboxes, _ = manager.list(ListQuery())
-        layers = {p for r in sandboxes for p in r.extra.get("layers", ())}
+        layers = {p for r in sandboxes for p in r.image.layers}
         layers |= {p for m in snapshots.list() for p in m.layers}
         return Usage(frozenset(r.template_id for r in sandboxes), frozenset(layers))
 
@@ -196,6 +197,7 @@ async def _serve_locked(
             runtimes=runtimes,
             snapshots=snapshots,
             registry=node_runtimes.registry,
+            faults=faults_from_env(),  # a test seam: inert unless WARREN_TEST_STALL is set
         )
         await manager.recover()
         await reap_orphans_for_node(node_runtimes, manager.known_ids(), settings)

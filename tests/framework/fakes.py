@@ -17,6 +17,7 @@ from warren.errors import NotFoundError, RuntimeFailure
 from warren.runtime.base import (
     PauseMode,
     RuntimeKind,
+    RuntimeState,
     SandboxHandle,
     SandboxSpec,
     SandboxStats,
@@ -80,8 +81,8 @@ class FakeRuntime:
         self.running.pop(sandbox_id, None)
         self.stopped.append(sandbox_id)
 
-    async def state(self, sandbox_id: str) -> str | None:
-        return "running" if sandbox_id in self.running else None
+    async def state(self, sandbox_id: str) -> RuntimeState | None:
+        return RuntimeState.RUNNING if sandbox_id in self.running else None
 
     async def stats(self, sandbox_id: str) -> SandboxStats:
         if sandbox_id not in self.running:
@@ -136,7 +137,7 @@ class SlowPauseRuntime(FakeRuntime):
         finally:
             self.in_flight -= 1
 
-    async def state(self, sandbox_id: str) -> str | None:
+    async def state(self, sandbox_id: str) -> RuntimeState | None:
         if sandbox_id in self.paused:
-            return "paused"
+            return RuntimeState.PAUSED
         return await super().state(sandbox_id)

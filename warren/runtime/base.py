@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..store.records import PauseMode
+
 AGENT_PORT = 49983
 """The port the guest agent listens on inside every sandbox (envd's port)."""
 
@@ -28,11 +30,12 @@ class RuntimeKind(enum.StrEnum):
     GVISOR = "gvisor"  # gVisor's runsc (ptrace platform): a user-space kernel, checkpoint/restore
 
 
-class PauseMode(enum.StrEnum):
-    """What a pause keeps."""
+class RuntimeState(enum.StrEnum):
+    """A backend's view of one sandbox (``Runtime.state``)."""
 
-    MEMORY = "memory"  # every process keeps its memory: runc freezer, gVisor checkpoint
-    FILESYSTEM = "filesystem"  # processes end, the upper dir stays; resume starts the agent afresh
+    RUNNING = "running"
+    PAUSED = "paused"  # frozen (runc) or checkpointed (gVisor)
+    STOPPED = "stopped"  # its container exists but no process runs (``created`` counts as stopped)
 
 
 @dataclass(frozen=True)
@@ -122,8 +125,8 @@ class Runtime(Protocol):
         """Kill the sandbox and remove everything it owns. Idempotent; never raises for a missing one."""
         ...
 
-    async def state(self, sandbox_id: str) -> str | None:
-        """The runtime's view: ``"running"``, ``"paused"``, ``"stopped"``, or None when unknown."""
+    async def state(self, sandbox_id: str) -> RuntimeState | None:
+        """The runtime's view of the sandbox, or None when it does not know it."""
         ...
 
     async def stats(self, sandbox_id: str) -> SandboxStats:
@@ -161,3 +164,18 @@ class Runtime(Protocol):
         afresh on a copy of the snapshot's filesystem.
         """
         ...
+
+
+__all__ = [
+    "AGENT_MOUNT",
+    "AGENT_PORT",
+    "PauseMode",
+    "Resources",
+    "Runtime",
+    "RuntimeKind",
+    "RuntimeState",
+    "SandboxHandle",
+    "SandboxSpec",
+    "SandboxStats",
+    "SnapshotContents",
+]

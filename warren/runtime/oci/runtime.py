@@ -47,6 +47,7 @@ from warren.runtime.base import (
     AGENT_PORT,
     PauseMode,
     RuntimeKind,
+    RuntimeState,
     SandboxHandle,
     SandboxSpec,
     SandboxStats,
@@ -210,7 +211,7 @@ class OciRuntime(OciBackendBase):
             if record is not None:
                 self._release_range(record.uid_range)
 
-    async def state(self, sandbox_id: str) -> str | None:
+    async def state(self, sandbox_id: str) -> RuntimeState | None:
         """``running``, ``paused`` or ``stopped``; None when neither warren nor the runtime knows the id."""
         try:
             validate_sandbox_id(sandbox_id)
@@ -218,8 +219,9 @@ class OciRuntime(OciBackendBase):
             return None
         record = self._record(sandbox_id)
         if record is not None and record.paused is not None and not self._freezes(record.paused):
-            return "paused"  # no container exists while checkpointed or paused without processes
-        return await self._cli_of(sandbox_id).state(sandbox_id)
+            return RuntimeState.PAUSED  # no container exists while checkpointed or paused without processes
+        status = await self._cli_of(sandbox_id).state(sandbox_id)
+        return RuntimeState(status) if status is not None else None
 
     async def stats(self, sandbox_id: str) -> SandboxStats:
         """CPU, memory (from the cgroup) and disk (the upper dir) of a sandbox this backend started."""
