@@ -216,7 +216,7 @@ async def _serve_locked(
             manager=manager,
             templates=templates,
             api_key=api_key,
-            probes=lambda: {k.value: dict(r.probe()) for k, r in runtimes.items()},
+            probes=lambda: {k.value: r.probe().to_json() for k, r in runtimes.items()},
             import_template=import_template,
             snapshots=snapshots,
             registry=node_runtimes.registry,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from warren.errors import NotFoundError, RuntimeFailure
 from warren.runtime.base import (
     PauseMode,
     RuntimeKind,
+    RuntimeProbe,
     RuntimeState,
     SandboxHandle,
     SandboxSpec,
@@ -68,8 +68,8 @@ class FakeRuntime:
         self.fail_start = False
         self.restored_from: dict[str, str] = {}
 
-    def probe(self) -> Mapping[str, Any]:
-        return {"available": self.available, "reason": "" if self.available else "fake: unavailable"}
+    def probe(self) -> RuntimeProbe:
+        return RuntimeProbe(self.available, "" if self.available else "fake: unavailable")
 
     async def start(self, spec: SandboxSpec) -> SandboxHandle:
         if self.fail_start:

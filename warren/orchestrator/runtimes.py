@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import InvalidRequestError, UnavailableError
-from ..runtime.base import Resources, Runtime, RuntimeKind, SandboxSpec
+from ..runtime.base import Resources, Runtime, RuntimeKind, RuntimeProbe, SandboxSpec
 from ..runtime.registry import RuntimeRegistry, StagedRuntime
 from ..store import SandboxRecord
 
@@ -31,9 +31,9 @@ class RuntimeSet:
     def available(self, kind: RuntimeKind) -> Runtime:
         """The runtime of this kind if its probe passed; ``UnavailableError`` (503) otherwise."""
         runtime = self._runtimes.get(kind)
-        probe = runtime.probe() if runtime else {"available": False, "reason": "not configured"}
-        if runtime is None or not probe.get("available"):
-            raise UnavailableError(f"runtime {kind.value} is not available on this node: {probe.get('reason')}")
+        probe = runtime.probe() if runtime else RuntimeProbe(False, "not configured")
+        if runtime is None or not probe.available:
+            raise UnavailableError(f"runtime {kind.value} is not available on this node: {probe.reason}")
         return runtime
 
     @staticmethod

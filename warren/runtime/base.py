@@ -39,6 +39,29 @@ class RuntimeState(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class RuntimeProbe:
+    """What a backend's start-up probe found (``Runtime.probe``); ``/health`` shows :meth:`to_json`."""
+
+    available: bool
+    reason: str | None = None
+    """Why it is not available (or a note when it is); None when the probe gave none."""
+    details: Mapping[str, Any] = field(default_factory=dict)
+    """The rest of the probe's findings (kind, binary, version, platform, disk quota...), shown as is."""
+
+    @classmethod
+    def of_mapping(cls, found: Mapping[str, Any]) -> RuntimeProbe:
+        rest = {k: v for k, v in found.items() if k not in ("available", "reason")}
+        reason = found.get("reason")
+        return cls(available=bool(found.get("available")), reason=None if reason is None else str(reason), details=rest)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"available": self.available, **self.details}
+        if self.reason is not None:
+            out["reason"] = self.reason
+        return out
+
+
+@dataclass(frozen=True)
 class Resources:
     """Per-sandbox limits, enforced with cgroups."""
 
@@ -110,8 +133,8 @@ class Runtime(Protocol):
 
     kind: RuntimeKind
 
-    def probe(self) -> Mapping[str, Any]:
-        """What the startup probe found: ``{"available": bool, "reason": str, ...}``."""
+    def probe(self) -> RuntimeProbe:
+        """What the startup probe found."""
         ...
 
     async def start(self, spec: SandboxSpec) -> SandboxHandle:
@@ -173,6 +196,7 @@ __all__ = [
     "Resources",
     "Runtime",
     "RuntimeKind",
+    "RuntimeProbe",
     "RuntimeState",
     "SandboxHandle",
     "SandboxSpec",

@@ -60,7 +60,7 @@ from warren.images import (
     parse_reference,
     pull,
 )
-from warren.runtime.base import AGENT_MOUNT, PauseMode, Resources, RuntimeKind, SandboxHandle, SandboxSpec
+from warren.runtime.base import AGENT_MOUNT, PauseMode, Resources, RuntimeKind, RuntimeProbe, SandboxHandle, SandboxSpec
 from warren.runtime.oci.layout import SandboxPaths
 from warren.store import TemplateRecord, TemplateRepo
 from warren.templates import guest_helper
@@ -145,7 +145,7 @@ class BuildRuntime(Protocol):
 
     kind: RuntimeKind
 
-    def probe(self) -> Mapping[str, Any]: ...
+    def probe(self) -> RuntimeProbe: ...
 
     async def start(self, spec: SandboxSpec) -> SandboxHandle: ...
 
@@ -465,9 +465,9 @@ class BuildService:
     ) -> tuple[Path, str]:
         """Run ``todo`` in a build sandbox over ``lower`` and seal its upper dir; (layer, shell)."""
         runtime = self._runtime
-        probe = runtime.probe() if runtime is not None else {"reason": "runc is not configured"}
-        if runtime is None or not probe.get("available"):
-            raise BuildFailed(f"cannot build: runc is not available on this node ({probe.get('reason')})", BASE_STEP)
+        probe = runtime.probe() if runtime is not None else RuntimeProbe(False, "runc is not configured")
+        if runtime is None or not probe.available:
+            raise BuildFailed(f"cannot build: runc is not available on this node ({probe.reason})", BASE_STEP)
         logbook = build.log
         sandbox_id = SANDBOX_PREFIX + "".join(secrets.choice(_ID_ALPHABET) for _ in range(17))
         spec = SandboxSpec(

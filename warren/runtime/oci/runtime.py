@@ -47,6 +47,7 @@ from warren.runtime.base import (
     AGENT_PORT,
     PauseMode,
     RuntimeKind,
+    RuntimeProbe,
     RuntimeState,
     SandboxHandle,
     SandboxSpec,
@@ -130,11 +131,11 @@ class OciRuntime(OciBackendBase):
         """Record a failed probe without running one (e.g. the binary or networking is missing)."""
         self._probe = {"available": False, "reason": reason, "kind": str(self.kind), "binary": str(self.binary)}
 
-    def probe(self) -> Mapping[str, Any]:
+    def probe(self) -> RuntimeProbe:
         """The result of :meth:`setup`'s probe, or "not probed" before it ran."""
         if self._probe is None:
-            return {"available": False, "reason": "not probed yet", "kind": str(self.kind)}
-        return self._probe
+            return RuntimeProbe(False, "not probed yet", {"kind": str(self.kind)})
+        return RuntimeProbe.of_mapping(self._probe)
 
     async def recover(self) -> list[str]:
         """Reload the records of sandboxes left on disk by a previous process; return their ids.
@@ -354,7 +355,7 @@ class OciRuntime(OciBackendBase):
                 memory, source = await self._snapshot_locked(record, paths, dest)
                 new_meta(
                     kind=self.kind, memory=memory, platform=self.platform if self.kind is RuntimeKind.GVISOR else None,
-                    binary=self.binary, version=self.probe().get("version"), agent_bundle=self.agent_bundle,
+                    binary=self.binary, version=self.probe().details.get("version"), agent_bundle=self.agent_bundle,
                     resources=record.resources, source_id=sandbox_id,
                     source_state="paused" if record.paused is not None else "running",
                 ).write(dest)
