@@ -182,7 +182,7 @@ async def _serve_locked(
     api_key, created = load_or_create_api_key(settings.state_dir, settings.api_key)
     if created:
         print(f"warren: generated API key {api_key} (saved in {settings.state_dir / 'api-key'})", file=sys.stderr)
-    db = Database(settings.state_dir / "warren.db")
+    db = await asyncio.to_thread(Database, settings.state_dir / "warren.db")  # may migrate the schema
     try:
         agent_bundle = await build_agent_bundle(settings.cache_dir, guest_source_dir())
         node_runtimes = await start_runtimes(settings, agent_bundle)

@@ -38,14 +38,15 @@ NO_FAULTS: Faults = _NoFaults()
 
 
 class StallAt:
-    """Stops forever at one point (a test seam; never built unless :data:`STALL_ENV` is set)."""
+    """Stops forever at one point (a test seam; never built unless :data:`STALL_ENV` is set). Its log
+    line ("test hook: stalling") is what the crash tests wait for."""
 
     def __init__(self, point: FaultPoint) -> None:
         self.point = point
 
     async def reached(self, point: FaultPoint) -> None:
         if point is self.point:
-            log.warning("test seam %s: stalling at %s", STALL_ENV, point.value)
+            log.warning("test hook: stalling at %s (%s is set)", point.value, STALL_ENV)
             await asyncio.Event().wait()
 
 

@@ -102,18 +102,25 @@ class Launcher:
         )
 
     async def resolve(self, name: str) -> Origin:
+        """A template by id or name (its sealed memory snapshot when it has one), else a snapshot.
+
+        The snapshot repository reads manifests from disk: that runs in a worker thread."""
         template = await self._templates.find(name)
         snapshots = self._snapshots
-        if template is not None:
-            sealed = snapshots.find(template_snapshot_name(template.id)) if snapshots else None
-            if sealed is not None and snapshots is not None:
-                origin = Origin.of_snapshot(sealed, snapshots.data_dir(sealed.snapshot_id))
-                return dataclasses.replace(origin, alias=template.name, start_cmd=template.start_cmd)
+        if snapshots is None:
+            if template is None:
+                raise NotFoundError(f"template '{name}' not found")
             return Origin.of_template(template)
-        manifest = snapshots.find(name) if snapshots is not None else None
-        if manifest is not None and snapshots is not None:
-            return Origin.of_snapshot(manifest, snapshots.data_dir(manifest.snapshot_id))
-        raise NotFoundError(f"template '{name}' not found")
+        if template is not None:
+            sealed = await asyncio.to_thread(snapshots.find, template_snapshot_name(template.id))
+            if sealed is None:
+                return Origin.of_template(template)
+            origin = Origin.of_snapshot(sealed, snapshots.data_dir(sealed.snapshot_id))
+            return dataclasses.replace(origin, alias=template.name, start_cmd=template.start_cmd)
+        manifest = await asyncio.to_thread(snapshots.find, name)
+        if manifest is None:
+            raise NotFoundError(f"template '{name}' not found")
+        return Origin.of_snapshot(manifest, snapshots.data_dir(manifest.snapshot_id))
 
     async def launch(self, launch: Launch) -> SandboxRecord:
         """Start one sandbox and hand it its /init, holding a slot of the node's cap throughout (429

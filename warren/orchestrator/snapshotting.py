@@ -63,7 +63,7 @@ class Snapshotter:
         paused. Names are unique across snapshots (409 otherwise).
         """
         repo = self._repo()
-        if name is not None and repo.find(name) is not None:
+        if name is not None and await asyncio.to_thread(repo.find, name) is not None:
             raise ConflictError(f"a snapshot named {name!r} exists already")
         sandbox = self._table.get(sandbox_id)
         snapshot_id = "s" + new_sandbox_id()[1:]
@@ -174,7 +174,7 @@ class Snapshotter:
         if template.runtime != RuntimeKind.GVISOR.value or not template.start_cmd or self._snapshots is None:
             return
         name = template_snapshot_name(template.id)
-        if (old := self._snapshots.find(name)) is not None:
+        if (old := await asyncio.to_thread(self._snapshots.find, name)) is not None:
             await self._snapshots.delete(old.snapshot_id)
         try:
             record = await self._launcher.launch(
@@ -195,5 +195,8 @@ class Snapshotter:
     async def forget_template(self, template: TemplateRecord) -> None:
         """A template was deleted: drop its sealed snapshot and stop refilling its warm pool."""
         self._launcher.pool.forget(template.id)
-        if self._snapshots is not None and (sealed := self._snapshots.find(template_snapshot_name(template.id))):
+        if self._snapshots is None:
+            return
+        sealed = await asyncio.to_thread(self._snapshots.find, template_snapshot_name(template.id))
+        if sealed is not None:
             await self._snapshots.delete(sealed.snapshot_id)
