@@ -19,7 +19,7 @@ from ..runtime.base import Resources, RuntimeKind, SandboxSpec
 from ..runtime.registry import StagedRuntime
 from ..snapshots import SnapshotRepository
 from ..store import LifecyclePolicy, RuntimeBinding, SandboxRecord, TemplateRepo
-from .agent import init_sandbox, wait_healthy
+from .agent import DEFAULT_USER, init_agent, init_sandbox, wait_healthy
 from .capacity import Capacity
 from .origin import Origin
 from .pool import Pooled, WarmPool
@@ -139,40 +139,75 @@ class Launcher:
             pooled = self.pool.claim(launch.origin, kind) if usable else None
             if pooled is not None:
                 try:
+                    if launch.origin.start_cmd is None:
+                        return await self._claim(launch, pooled)
                     return await self._start(launch, kind, pooled)
                 except RuntimeFailure:
                     log.warning("warm-pool sandbox %s was not usable; starting a fresh one", pooled.sandbox_id)
             await self._capacity.make_room()
             return await self._start(launch, kind, None)
 
+    def _record(
+        self, launch: Launch, kind: RuntimeKind, sandbox_id: str, staged: StagedRuntime | None, token: str | None
+    ) -> SandboxRecord:
+        origin = launch.origin
+        now = self._clock()
+        return SandboxRecord(
+            id=sandbox_id,
+            template_id=origin.template_id,
+            alias=origin.alias,
+            runtime=kind.value,
+            state=SandboxState.CREATING.value,
+            metadata=dict(launch.metadata),
+            env_vars=dict(launch.env_vars),
+            started_at=now,
+            end_at=now + ttl_seconds(self._settings, launch.timeout_s),
+            cpu_count=origin.cpu_count,
+            memory_mb=origin.memory_mb,
+            disk_mb=origin.disk_mb,
+            access_token=token,
+            address=None,
+            allow_internet=launch.allow_internet,
+            image=origin.image(),
+            policy=launch.policy,
+            binding=RuntimeBinding(runtime_hash=staged.runtime_hash if staged else None),
+            origin=origin.snapshot_id,
+        )
+
+    async def _claim(self, launch: Launch, pooled: Pooled) -> SandboxRecord:
+        """A warm-pool sandbox becomes the user's: already /init'ed, so its record is saved once, as
+        running. Only a create that adds env vars or wants no token sends one more /init (rotating
+        the pool's token). ``RuntimeFailure`` when the spare does not answer (the caller starts afresh)."""
+        handle = pooled.handle
+        token = pooled.access_token if launch.secure else None
+        record = dataclasses.replace(
+            self._record(launch, pooled.kind, pooled.sandbox_id, pooled.staged, token),
+            state=SandboxState.RUNNING.value,
+            address=handle.address,
+        )
+        record = dataclasses.replace(record, binding=dataclasses.replace(record.binding, init_pid=handle.init_pid))
+        try:
+            await wait_healthy(handle.address, handle.agent_port, time.monotonic() + _CLAIMED_AGENT_DEADLINE_S)
+            if launch.env_vars or token is None:
+                await init_sandbox(record, handle.address, handle.agent_port, previous_token=pooled.access_token)
+            await self._table.store.put(record)  # persisted before anyone can see it
+        except BaseException:
+            await asyncio.shield(self._table.discard(record))
+            raise
+        self._table.add(record)
+        self._table.exits.watch(record.id, handle.init_pid)
+        return record
+
     async def _start(self, launch: Launch, kind: RuntimeKind, pooled: Pooled | None) -> SandboxRecord:
         origin = launch.origin
-        source = origin.snapshot_dir
-        staged = pooled.staged if pooled else await self._runtimes.stage(origin.runtime_hash if source else None, kind)
-        now = self._clock()
-        sandbox = self._table.add(
-            SandboxRecord(
-                id=pooled.sandbox_id if pooled else new_sandbox_id(),
-                template_id=origin.template_id,
-                alias=origin.alias,
-                runtime=kind.value,
-                state=SandboxState.CREATING.value,
-                metadata=dict(launch.metadata),
-                env_vars=dict(launch.env_vars),
-                started_at=now,
-                end_at=now + ttl_seconds(self._settings, launch.timeout_s),
-                cpu_count=origin.cpu_count,
-                memory_mb=origin.memory_mb,
-                disk_mb=origin.disk_mb,
-                access_token=secrets.token_urlsafe(24) if launch.secure else None,
-                address=None,
-                allow_internet=launch.allow_internet,
-                image=origin.image(),
-                policy=launch.policy,
-                binding=RuntimeBinding(runtime_hash=staged.runtime_hash if staged else None),
-                origin=origin.snapshot_id,
-            )
+        staged = (
+            pooled.staged
+            if pooled
+            else await self._runtimes.stage(origin.runtime_hash if origin.snapshot_dir else None, kind)
         )
+        sandbox_id = pooled.sandbox_id if pooled else new_sandbox_id()
+        token = secrets.token_urlsafe(24) if launch.secure else None
+        sandbox = self._table.add(self._record(launch, kind, sandbox_id, staged, token))
         try:
             async with sandbox.lock:
                 await sandbox.save(sandbox.record)
@@ -196,7 +231,8 @@ class Launcher:
         sandbox.bind(handle)
         deadline = time.monotonic() + (_CLAIMED_AGENT_DEADLINE_S if pooled else AGENT_START_DEADLINE_S[sandbox.kind])
         await wait_healthy(handle.address, handle.agent_port, deadline)
-        await init_sandbox(sandbox.record, handle.address, handle.agent_port, previous_token=origin.agent_token)
+        previous = pooled.access_token if pooled else origin.agent_token
+        await init_sandbox(sandbox.record, handle.address, handle.agent_port, previous_token=previous)
         await run_start_command(
             origin, handle, sandbox.record.access_token, fresh=source is None, settings=self._settings
         )
@@ -218,12 +254,21 @@ class Launcher:
         )
         runtime = self._runtimes.available(kind)
         handle = await runtime.start(spec)
+        token = secrets.token_urlsafe(24)
         try:
             await wait_healthy(handle.address, handle.agent_port, time.monotonic() + AGENT_START_DEADLINE_S[kind])
+            await init_agent(
+                handle.address,
+                handle.agent_port,
+                env_vars=origin.env,
+                access_token=token,
+                default_user=origin.user or DEFAULT_USER,
+                default_workdir=origin.workdir,
+            )
         except BaseException:
             await asyncio.shield(runtime.stop(sandbox_id))
             raise
-        return Pooled(sandbox_id, kind, handle, staged)
+        return Pooled(sandbox_id, kind, handle, staged, token)
 
     async def _pool_stop(self, pooled: Pooled) -> None:
         await self._runtimes.of(pooled.kind).stop(pooled.sandbox_id)
