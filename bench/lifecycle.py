@@ -117,7 +117,7 @@ def warm_pool_creates(node: Node, template: str, n: int, size: int = 2) -> dict[
         if r.status_code == 404:
             return {"missing": "no POST /warren/templates/{id}/pool on this node"}
         r.raise_for_status()
-    samples, refill = [], []
+    samples, calls, refill = [], [], []
     before = _shelf(node, tid)
     try:
         for _ in range(n):
@@ -127,6 +127,7 @@ def warm_pool_creates(node: Node, template: str, n: int, size: int = 2) -> dict[
             refill.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             sbx = Sandbox.create(template=template, timeout=120)
+            calls.append(time.perf_counter() - t0)
             sbx.commands.run("true")
             samples.append(time.perf_counter() - t0)
             sbx.kill()
@@ -136,6 +137,7 @@ def warm_pool_creates(node: Node, template: str, n: int, size: int = 2) -> dict[
     return {
         "pool_size": size,
         "create_to_first_command": summary_ms(samples),
+        "create_call": summary_ms(calls),
         "hits": shelf.get("hits", 0) - before.get("hits", 0),
         "misses": shelf.get("misses", 0) - before.get("misses", 0),
         "wait_for_refill": summary_ms(refill),

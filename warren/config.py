@@ -85,7 +85,6 @@ class Settings:
     sandbox_disk_mb: int | None = None
     """When set, the disk size of every sandbox this node starts, instead of its template's ``diskSizeMB``
     (``WARREN_SANDBOX_DISK_MB``)."""
-    extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, state_dir: Path, **overrides: object) -> Settings:
@@ -94,8 +93,6 @@ class Settings:
         for var, (name, parse) in _ENV.items():
             if raw := os.environ.get(var):
                 env[name] = parse_int(raw, var) if parse is int else parse(raw)
-        if stall := os.environ.get("WARREN_TEST_STALL"):
-            env["extra"] = {"test_stall": stall}
         env.update({k: v for k, v in overrides.items() if v is not None})
         return cls(state_dir=state_dir, **env)  # type: ignore[arg-type]
 

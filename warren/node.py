@@ -31,6 +31,7 @@ from .images import LayerStore
 from .names import validate_name
 from .node_runtimes import guest_source_dir, reap_orphans_for_node, start_runtimes
 from .orchestrator import SandboxManager
+from .orchestrator.faults import faults_from_env
 from .orchestrator.requests import ListQuery
 from .orchestrator.shutdown import preserve_all
 from .runtime import build_agent_bundle
@@ -147,7 +148,7 @@ async def _build_service(
 
     def usage() -> Usage:
         sandboxes, _ = manager.list(ListQuery())
-        layers = {p for r in sandboxes for p in r.extra.get("layers", ())}
+        layers = {p for r in sandboxes for p in r.image.layers}
         layers |= {p for m in snapshots.list() for p in m.layers}
         return Usage(frozenset(r.template_id for r in sandboxes), frozenset(layers))
 
@@ -181,7 +182,7 @@ async def _serve_locked(
     api_key, created = load_or_create_api_key(settings.state_dir, settings.api_key)
     if created:
         print(f"warren: generated API key {api_key} (saved in {settings.state_dir / 'api-key'})", file=sys.stderr)
-    db = Database(settings.state_dir / "warren.db")
+    db = await asyncio.to_thread(Database, settings.state_dir / "warren.db")  # may migrate the schema
     try:
         agent_bundle = await build_agent_bundle(settings.cache_dir, guest_source_dir())
         node_runtimes = await start_runtimes(settings, agent_bundle)
@@ -196,6 +197,7 @@ async def _serve_locked(
             runtimes=runtimes,
             snapshots=snapshots,
             registry=node_runtimes.registry,
+            faults=faults_from_env(),  # a test seam: inert unless WARREN_TEST_STALL is set
         )
         await manager.recover()
         await reap_orphans_for_node(node_runtimes, manager.known_ids(), settings)
@@ -214,7 +216,7 @@ async def _serve_locked(
             manager=manager,
             templates=templates,
             api_key=api_key,
-            probes=lambda: {k.value: dict(r.probe()) for k, r in runtimes.items()},
+            probes=lambda: {k.value: r.probe().to_json() for k, r in runtimes.items()},
             import_template=import_template,
             snapshots=snapshots,
             registry=node_runtimes.registry,

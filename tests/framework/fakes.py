@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,8 @@ from warren.errors import NotFoundError, RuntimeFailure
 from warren.runtime.base import (
     PauseMode,
     RuntimeKind,
+    RuntimeProbe,
+    RuntimeState,
     SandboxHandle,
     SandboxSpec,
     SandboxStats,
@@ -69,8 +70,8 @@ class FakeRuntime:
         self.restored_from: dict[str, str] = {}
         self.exported: Path | None = None
 
-    def probe(self) -> Mapping[str, Any]:
-        return {"available": self.available, "reason": "" if self.available else "fake: unavailable"}
+    def probe(self) -> RuntimeProbe:
+        return RuntimeProbe(self.available, "" if self.available else "fake: unavailable")
 
     async def start(self, spec: SandboxSpec) -> SandboxHandle:
         if self.fail_start:
@@ -82,8 +83,8 @@ class FakeRuntime:
         self.running.pop(sandbox_id, None)
         self.stopped.append(sandbox_id)
 
-    async def state(self, sandbox_id: str) -> str | None:
-        return "running" if sandbox_id in self.running else None
+    async def state(self, sandbox_id: str) -> RuntimeState | None:
+        return RuntimeState.RUNNING if sandbox_id in self.running else None
 
     async def stats(self, sandbox_id: str) -> SandboxStats:
         if sandbox_id not in self.running:
@@ -148,7 +149,7 @@ class SlowPauseRuntime(FakeRuntime):
         finally:
             self.in_flight -= 1
 
-    async def state(self, sandbox_id: str) -> str | None:
+    async def state(self, sandbox_id: str) -> RuntimeState | None:
         if sandbox_id in self.paused:
-            return "paused"
+            return RuntimeState.PAUSED
         return await super().state(sandbox_id)

@@ -13,7 +13,7 @@ from ..ints import parse_optional_int
 from ..orchestrator.requests import CreateRequest, Lifecycle, ListQuery
 from ..orchestrator.states import SandboxState, public_state
 from ..snapshots import SnapshotManifest
-from ..store import SandboxRecord, TemplateRecord
+from ..store import OnTimeout, PauseMode, SandboxRecord, TemplateRecord
 
 ENVD_VERSION = "0.6.4"
 """The envd version the guest agent implements; the SDK unlocks features up to it."""
@@ -97,7 +97,9 @@ def parse_lifecycle(body: dict[str, Any]) -> Lifecycle:
     if auto_resume and not auto_pause:
         raise InvalidRequestError("autoResume needs autoPause (onTimeout: pause)")
     return Lifecycle(
-        on_timeout="pause" if auto_pause else "kill", auto_resume=bool(auto_resume), pause_memory=memory is not False
+        on_timeout=OnTimeout.PAUSE if auto_pause else OnTimeout.KILL,
+        auto_resume=bool(auto_resume),
+        pause_memory=memory is not False,
     )
 
 
@@ -160,10 +162,10 @@ def detail_body(rec: SandboxRecord, domain: str | None) -> dict[str, Any]:
         "allowInternetAccess": rec.allow_internet,
         "domain": domain,
         "lifecycle": {
-            "autoResume": bool(rec.extra.get("auto_resume", False)),
-            "onTimeout": rec.extra.get("on_timeout", "kill"),
+            "autoResume": rec.policy.auto_resume,
+            "onTimeout": rec.policy.on_timeout.value,
         },
-        "pauseMode": "filesystem" if rec.extra.get("pause_mode") == "filesystem" else "full",
+        "pauseMode": "filesystem" if rec.binding.pause_mode is PauseMode.FILESYSTEM else "full",
     }
 
 

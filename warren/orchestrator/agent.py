@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping
 
 from ..errors import RuntimeFailure
+from ..store import SandboxRecord
 
 _HEALTH_REQUEST = b"GET /health HTTP/1.1\r\nHost: agent\r\n\r\n"
 _RESET_ON_CLOSE = struct.pack("ii", 1, 0)
@@ -75,10 +76,7 @@ async def init_agent(
     if default_workdir:
         body["defaultWorkdir"] = default_workdir
     payload = json.dumps(body).encode()
-    head = (
-        f"POST /init HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(payload)}\r\n"
-    )
+    head = f"POST /init HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
     if previous_token:
         head += f"X-Access-Token: {previous_token}\r\n"
     try:
@@ -92,3 +90,21 @@ async def init_agent(
 
 def _rfc3339_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+DEFAULT_USER = "user"
+"""The user commands run as when the template names none (E2B's default)."""
+
+
+async def init_sandbox(record: SandboxRecord, address: str, port: int, *, previous_token: str | None) -> None:
+    """``POST /init`` with what ``record`` says: its image's env under its own env vars, its token,
+    its image's user and workdir. ``previous_token``: the token the agent holds now (a memory snapshot's)."""
+    await init_agent(
+        address,
+        port,
+        env_vars={**record.image.env, **record.env_vars},
+        access_token=record.access_token,
+        default_user=record.image.user or DEFAULT_USER,
+        default_workdir=record.image.workdir,
+        previous_token=previous_token,
+    )

@@ -1,18 +1,267 @@
-"""``SandboxManager``: every sandbox of this node, composed of the layered operation sets.
+"""``SandboxManager``: every sandbox of this node, a thin facade over the parts it is given.
 
-    ManagerCore      records, routes, create (template, snapshot, warm pool), kill, timeouts, metrics
-    LifecycleOps     pause, resume, connect, auto-resume, TTL expiry, exit reaping, recovery
-    SnapshotOps      snapshots, forks, gVisor templates sealed as memory snapshots
+    SandboxTable   the sandboxes by id (each a :class:`~.sandbox.Sandbox`: record, lock, transitions),
+                   routes, listing, teardown, removal listeners, the exit watcher
+    Capacity       the node's sandbox cap and the warm pool's share of it
+    Launcher       creates: templates, snapshots, forks' private snapshots, the warm pool
+    Transitions    kill, TTL changes, pause, resume/connect, auto-resume
+    Timers/Reaper  TTL expiry (a task group, bounded concurrency) and sandboxes whose init exited
+    Recovery       what a start finds in the store, settled against the runtimes
+    Snapshotter    snapshots, forks, gVisor templates sealed as memory snapshots
+
+:func:`compose` builds the parts from the node's services; tests plug fakes in at the same seams
+(the runtimes, the record store, the clock, the fault injector).
 """
 
 from __future__ import annotations
 
-from .core import AGENT_PORT, MAX_FORKS, new_sandbox_id, template_snapshot_name
-from .snapshotting import SnapshotOps
+import builtins
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from ..config import Settings
+from ..errors import ConflictError, UnavailableError, WarrenError
+from ..ids import new_sandbox_id
+from ..runtime.base import AGENT_PORT, Runtime, RuntimeKind, SandboxStats
+from ..runtime.registry import RuntimeRegistry
+from ..snapshots import SnapshotManifest, SnapshotRepository
+from ..store import LifecyclePolicy, SandboxRecord, SandboxRepo, TemplateRecord, TemplateRepo
+from .capacity import Capacity
+from .faults import NO_FAULTS, Faults
+from .launcher import Launcher, template_snapshot_name
+from .metrics import CpuMeter
+from .pool import WarmPool
+from .recovery import Recovery
+from .requests import CreateRequest, ListQuery
+from .runtimes import RuntimeSet
+from .snapshotting import MAX_FORKS, Snapshotter
+from .states import SandboxState
+from .table import SandboxTable
+from .timers import Reaper, Timers
+from .transitions import Transitions
 
 
-class SandboxManager(SnapshotOps):
-    """Owns every sandbox of this node."""
+@dataclass(frozen=True)
+class Parts:
+    table: SandboxTable
+    capacity: Capacity
+    runtimes: RuntimeSet
+    launcher: Launcher
+    transitions: Transitions
+    timers: Timers
+    reaper: Reaper
+    recovery: Recovery
+    snapshotter: Snapshotter
 
 
-__all__ = ["AGENT_PORT", "MAX_FORKS", "SandboxManager", "new_sandbox_id", "template_snapshot_name"]
+def compose(
+    *,
+    settings: Settings,
+    sandboxes: SandboxRepo,
+    templates: TemplateRepo,
+    runtimes: Mapping[RuntimeKind, Runtime],
+    snapshots: SnapshotRepository | None = None,
+    registry: RuntimeRegistry | None = None,
+    clock: Callable[[], float] = time.time,
+    faults: Faults = NO_FAULTS,
+) -> Parts:
+    """The manager's parts wired to each other, each given only what it uses."""
+    table = SandboxTable(sandboxes, runtimes)
+    capacity = Capacity(settings.max_sandboxes, table)
+    rset = RuntimeSet(runtimes, registry)
+    launcher = Launcher(settings=settings, table=table, capacity=capacity, runtimes=rset, templates=templates,
+                        snapshots=snapshots, clock=clock)  # fmt: skip
+    transitions = Transitions(settings=settings, table=table, capacity=capacity, runtimes=rset, faults=faults,
+                              clock=clock)  # fmt: skip
+    return Parts(
+        table=table,
+        capacity=capacity,
+        runtimes=rset,
+        launcher=launcher,
+        transitions=transitions,
+        timers=Timers(table=table, transitions=transitions, clock=clock),
+        reaper=Reaper(table, rset),
+        recovery=Recovery(table, rset),
+        snapshotter=Snapshotter(
+            table=table,
+            capacity=capacity,
+            runtimes=rset,
+            launcher=launcher,
+            transitions=transitions,
+            snapshots=snapshots,
+            clock=clock,
+        ),
+    )
+
+
+class SandboxManager:
+    """Owns every sandbox of this node. Admission (503 while draining) and TTL wake-ups are its own;
+    everything else is one call into a part."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        sandboxes: SandboxRepo,
+        templates: TemplateRepo,
+        runtimes: Mapping[RuntimeKind, Runtime],
+        snapshots: SnapshotRepository | None = None,
+        registry: RuntimeRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+        faults: Faults = NO_FAULTS,
+    ) -> None:
+        """The node's manager over parts :func:`compose` builds from these services."""
+        self._init(compose(settings=settings, sandboxes=sandboxes, templates=templates, runtimes=runtimes,
+                           snapshots=snapshots, registry=registry, clock=clock, faults=faults))  # fmt: skip
+
+    @classmethod
+    def of_parts(cls, parts: Parts) -> SandboxManager:
+        """A manager over parts built elsewhere (tests replacing one part)."""
+        manager = cls.__new__(cls)
+        manager._init(parts)
+        return manager
+
+    def _init(self, parts: Parts) -> None:
+        self._parts = parts
+        self._draining = False
+        self._cpu = CpuMeter()
+        parts.table.on_removed(self._cpu.forget)
+
+    @property
+    def pool(self) -> WarmPool:
+        return self._parts.launcher.pool
+
+    # ----- admission -------------------------------------------------------------------------------
+
+    def begin_drain(self) -> None:
+        """From now on, new lifecycle operations are refused (503); running ones finish."""
+        self._draining = True
+
+    def _admit(self) -> None:
+        if self._draining:
+            raise UnavailableError("the node is shutting down; try another node")
+
+    def on_removed(self, listener: Callable[[str], Awaitable[None]]) -> None:
+        """Await ``listener(sandbox_id)`` whenever a sandbox stops being routable (killed, died, paused)."""
+        self._parts.table.on_removed(listener)
+
+    # ----- queries ---------------------------------------------------------------------------------
+
+    def get(self, sandbox_id: str) -> SandboxRecord:
+        return self._parts.table.get(sandbox_id).record
+
+    def route(self, sandbox_id: str) -> tuple[str, SandboxState] | None:
+        return self._parts.table.route(sandbox_id)
+
+    def list(self, query: ListQuery) -> tuple[builtins.list[SandboxRecord], str | None]:
+        return self._parts.table.list(query)
+
+    def count(self) -> int:
+        return len(self._parts.table)
+
+    def running_ids(self) -> builtins.list[str]:
+        return self._parts.table.running_ids()
+
+    def known_ids(self) -> set[str]:
+        """Every sandbox id this node's store knows and keeps, in any state (after :meth:`recover`:
+        the re-adopted ones); anything else under the node's runtime markers is an orphan."""
+        return self._parts.table.known_ids()
+
+    def active_count(self) -> int:
+        return self._parts.capacity.active()
+
+    def limits(self) -> dict[str, int]:
+        return self._parts.capacity.limits()
+
+    def lifecycle(self, sandbox_id: str) -> LifecyclePolicy:
+        return self._parts.transitions.policy(sandbox_id)
+
+    async def metrics(self, sandbox_id: str) -> tuple[SandboxStats, float]:
+        """Current counters and CPU use in percent since the previous call (0 the first time)."""
+        sandbox = self._parts.table.get(sandbox_id)
+        stats = await self._parts.runtimes.of(sandbox.kind).stats(sandbox_id)
+        return stats, self._cpu.percent(sandbox_id, stats)
+
+    # ----- lifecycle -------------------------------------------------------------------------------
+
+    async def create(self, req: CreateRequest) -> SandboxRecord:
+        self._admit()
+        record = await self._parts.launcher.create(req)
+        self._parts.timers.changed()
+        return record
+
+    async def kill(self, sandbox_id: str) -> None:
+        await self._parts.transitions.kill(sandbox_id)
+        self._parts.timers.changed()
+
+    async def set_timeout(self, sandbox_id: str, timeout_s: int) -> SandboxRecord:
+        record = await self._parts.transitions.set_timeout(sandbox_id, timeout_s)
+        self._parts.timers.changed()
+        return record
+
+    async def connect(self, sandbox_id: str, timeout_s: int | None) -> tuple[SandboxRecord, bool]:
+        """Resume a paused sandbox, or extend a running one's TTL (never shortening it): (record, resumed)."""
+        self._admit()
+        out = await self._parts.transitions.connect(sandbox_id, timeout_s)
+        self._parts.timers.changed()
+        return out
+
+    async def resume(self, sandbox_id: str, timeout_s: int | None = None) -> SandboxRecord:
+        """Resume a paused sandbox; ``ConflictError`` if it is running."""
+        record, resumed = await self.connect(sandbox_id, timeout_s)
+        if not resumed:
+            raise ConflictError(f"sandbox {sandbox_id} is not paused")
+        return record
+
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> SandboxRecord:
+        """Pause a running sandbox; ``ConflictError`` (409) if it is already paused."""
+        return await self._parts.transitions.pause(sandbox_id, memory=memory)
+
+    async def wake(self, sandbox_id: str) -> str | None:
+        """For proxy traffic to a paused sandbox: resume it if it auto-resumes and return its address.
+
+        None when it does not auto-resume (the proxy answers 410). Concurrent callers share one
+        resume: they queue on the sandbox's lock and find it running.
+        """
+        if not self._parts.transitions.policy(sandbox_id).auto_resume:
+            return None
+        record, _ = await self.connect(sandbox_id, None)
+        return record.address
+
+    # ----- snapshots -------------------------------------------------------------------------------
+
+    async def snapshot(self, sandbox_id: str, name: str | None = None) -> SnapshotManifest:
+        return await self._parts.snapshotter.snapshot(sandbox_id, name)
+
+    async def fork(
+        self, sandbox_id: str, count: int, timeout_s: int | None
+    ) -> builtins.list[SandboxRecord | WarrenError]:
+        self._admit()
+        out = await self._parts.snapshotter.fork(sandbox_id, count, timeout_s)
+        self._parts.timers.changed()
+        return out
+
+    async def seal_template(self, template: TemplateRecord) -> None:
+        await self._parts.snapshotter.seal_template(template)
+
+    async def forget_template(self, template: TemplateRecord) -> None:
+        await self._parts.snapshotter.forget_template(template)
+
+    # ----- the node's lifetime ---------------------------------------------------------------------
+
+    async def recover(self) -> None:
+        """On start: re-adopt what still runs or stays paused; settle half-done transitions; drop the rest."""
+        await self._parts.recovery.recover()
+        self._parts.timers.changed()
+
+    async def run_timers(self) -> None:
+        """Apply TTL timeouts for the node's lifetime."""
+        await self._parts.timers.run()
+
+    async def run_reaper(self) -> None:
+        """Remove sandboxes whose init exited while running, for the node's lifetime."""
+        await self._parts.reaper.run()
+
+
+__all__ = ["AGENT_PORT", "MAX_FORKS", "Parts", "SandboxManager", "compose", "new_sandbox_id", "template_snapshot_name"]

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..snapshots import SnapshotManifest
-from ..store import TemplateRecord
+from ..store import ImageConfig, TemplateRecord
 
 
 @dataclass(frozen=True)
@@ -70,9 +69,6 @@ class Origin:
             runtime_hash=m.runtime_hash,
         )
 
-    def extra(self) -> dict[str, Any]:
+    def image(self) -> ImageConfig:
         """What the sandbox record keeps so that resume and snapshot never need the template again."""
-        out: dict[str, Any] = {"layers": list(self.layers), "env": self.env, "workdir": self.workdir, "user": self.user}
-        if self.snapshot_id:
-            out["from_snapshot"] = self.snapshot_id
-        return out
+        return ImageConfig(layers=self.layers, env=dict(self.env), workdir=self.workdir, user=self.user)

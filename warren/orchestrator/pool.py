@@ -1,8 +1,10 @@
-"""Warm pool: per template, N sandboxes already started, so a create is claim + ``/init``.
+"""Warm pool: per template, N sandboxes already started and /init'ed, so a create is a claim.
 
 A template joins the pool on its first create (no memory is spent on templates nobody uses).
-Pool sandboxes are never in the store: a node that dies leaves them to the orphan reaper. A claimed
-sandbox is reseeded by its ``/init`` (new token, env vars and user), like any other.
+Pool sandboxes are never in the store: a node that dies leaves them to the orphan reaper. Each is
+/init'ed when it is started, with its template's env, user and workdir and a token of its own, so a
+claim that adds no env vars takes it as it is (one record save); any other claim sends one more
+``/init`` that presents that token and replaces it.
 
 Node cap (``max_sandboxes``): the pool refills only while ``room()`` says a slot is free, counting its
 spares (ready and starting) with the users' sandboxes; a create that finds no spare of its own
@@ -32,6 +34,8 @@ class Pooled:
     kind: RuntimeKind
     handle: SandboxHandle
     staged: StagedRuntime | None
+    access_token: str
+    """The token its agent was /init'ed with; the claiming sandbox keeps it or /init rotates it."""
 
 
 @dataclass

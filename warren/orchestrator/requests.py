@@ -4,25 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..config import Settings
+from ..errors import InvalidRequestError
+from ..store import LifecyclePolicy
 
-@dataclass(frozen=True)
-class Lifecycle:
-    """What a timeout does, and whether traffic wakes a paused sandbox."""
-
-    on_timeout: str = "kill"  # "kill" or "pause"
-    auto_resume: bool = False
-    pause_memory: bool = True  # False: a timeout pauses filesystem-only
-
-    def to_extra(self) -> dict[str, object]:
-        return {"on_timeout": self.on_timeout, "auto_resume": self.auto_resume, "pause_memory": self.pause_memory}
-
-    @classmethod
-    def of_extra(cls, extra: dict[str, object]) -> Lifecycle:
-        return cls(
-            on_timeout=str(extra.get("on_timeout", "kill")),
-            auto_resume=bool(extra.get("auto_resume", False)),
-            pause_memory=bool(extra.get("pause_memory", True)),
-        )
+Lifecycle = LifecyclePolicy
+"""What a timeout does and whether traffic wakes a paused sandbox (kept on the record as its policy)."""
 
 
 @dataclass(frozen=True)
@@ -44,3 +31,12 @@ class ListQuery:
     states: frozenset[str] = frozenset({"running", "paused"})
     limit: int | None = None
     next_token: str | None = None
+
+
+def ttl_seconds(settings: Settings, timeout_s: int | None) -> int:
+    """A requested TTL in seconds, defaulted and capped by the settings (400 when negative)."""
+    if timeout_s is None:
+        return settings.default_timeout_s
+    if timeout_s < 0:
+        raise InvalidRequestError("timeout must not be negative")
+    return min(timeout_s, settings.max_timeout_s)

@@ -5,40 +5,52 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import (
-    ConflictError,
-    InvalidRequestError,
-    NotFoundError,
-    RuntimeFailure,
-    UnavailableError,
-    WarrenError,
-)
-from ..ids import new_snapshot_id
-from ..runtime.base import Runtime, RuntimeKind
+from ..errors import ConflictError, InvalidRequestError, NotFoundError, RuntimeFailure, UnavailableError, WarrenError
+from ..ids import new_sandbox_id, new_snapshot_id
+from ..runtime.base import Runtime, RuntimeKind, RuntimeState
 from ..snapshots import SnapshotManifest, SnapshotRepository
 from ..store import SandboxRecord, TemplateRecord
 from .agent import wait_healthy
-from .core import MAX_FORKS, _Live, new_sandbox_id, template_snapshot_name
-from .lifecycle import LifecycleOps
+from .capacity import Capacity
+from .launcher import Launch, Launcher, template_snapshot_name
 from .origin import Origin
-from .requests import Lifecycle
+from .runtimes import RuntimeSet
+from .sandbox import Sandbox
 from .states import SandboxState
+from .table import SandboxTable
+from .transitions import Transitions
 
 log = logging.getLogger(__name__)
 
+MAX_FORKS = 20
+_FOLLOW_DEADLINE_S = 30.0
+_SEAL_TIMEOUT_S = 600
 
 
-
-
-class SnapshotOps(LifecycleOps):
-    """Snapshots into the repository, forks, and gVisor templates sealed as memory snapshots."""
-
-    # ----- snapshots and forks -------------------------------------------------------------------
+class Snapshotter:
+    def __init__(
+        self,
+        *,
+        table: SandboxTable,
+        capacity: Capacity,
+        runtimes: RuntimeSet,
+        launcher: Launcher,
+        transitions: Transitions,
+        snapshots: SnapshotRepository | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self._table = table
+        self._capacity = capacity
+        self._runtimes = runtimes
+        self._launcher = launcher
+        self._transitions = transitions
+        self._snapshots = snapshots
+        self._clock = clock
 
     def _repo(self) -> SnapshotRepository:
         if self._snapshots is None:
@@ -52,50 +64,47 @@ class SnapshotOps(LifecycleOps):
         paused. Names are unique across snapshots (409 otherwise).
         """
         repo = self._repo()
-        if name is not None and repo.find(name) is not None:
+        if name is not None and await asyncio.to_thread(repo.find, name) is not None:
             raise ConflictError(f"a snapshot named {name!r} exists already")
-        live = self._get_live(sandbox_id)
+        sandbox = self._table.get(sandbox_id)
         snapshot_id = new_snapshot_id()
-        async with live.lock:
-            self._require(live, SandboxState.RUNNING, SandboxState.PAUSED)
+        async with sandbox.lock:
+            sandbox.require(SandboxState.RUNNING, SandboxState.PAUSED)
             async with repo.writing(snapshot_id) as data:
-                memory = await self._snapshot_locked(live, data)
-                manifest = self._manifest(live.record, snapshot_id, (name,) if name else (), memory)
+                memory = await self._snapshot_locked(sandbox, data)
+                manifest = self._manifest(sandbox.record, snapshot_id, (name,) if name else (), memory)
                 await repo.commit(data, manifest)
         return manifest
 
-    async def _snapshot_locked(self, live: _Live, dest: Path) -> bool:
+    async def _snapshot_locked(self, sandbox: Sandbox, dest: Path) -> bool:
         """Fill ``dest`` from the sandbox; follow the source if the runtime moved it (gVisor restore)."""
-        runtime = self._available_runtime(RuntimeKind(live.record.runtime))
-        running = live.state is SandboxState.RUNNING
+        runtime = self._runtimes.available(sandbox.kind)
+        running = sandbox.state is SandboxState.RUNNING
         if running:
-            self._exits.unwatch(live.record.id)
-            await self._removed(live.record.id)  # no open connection may cross a checkpoint (B3)
+            await self._table.unroute(sandbox.id)  # no open connection may cross a checkpoint (B3)
         try:
-            contents = await runtime.snapshot(live.record.id, dest)
+            contents = await runtime.snapshot(sandbox.id, dest)
         except RuntimeFailure:
-            if running and await runtime.state(live.record.id) != "running":
-                log.warning("snapshot destroyed sandbox %s; removing it", live.record.id)
-                await self._set_state(live, SandboxState.KILLING)
-                await asyncio.shield(self._discard(live))
+            if running and await runtime.state(sandbox.id) != RuntimeState.RUNNING:
+                log.warning("snapshot destroyed sandbox %s; removing it", sandbox.id)
+                await sandbox.set_state(SandboxState.KILLING)
+                await asyncio.shield(self._table.discard(sandbox))
             raise
         finally:
-            if running and live.record.id in self._live:
-                await self._follow(live, runtime)
+            if running and self._table.holds(sandbox):
+                await self._follow(sandbox, runtime)
         return contents.memory
 
-    async def _follow(self, live: _Live, runtime: Runtime) -> None:
+    async def _follow(self, sandbox: Sandbox, runtime: Runtime) -> None:
         """Re-read where a running sandbox now lives (a gVisor snapshot restores it in a fresh netns)."""
-        handle = await runtime.locate(live.record.id)
+        handle = await runtime.locate(sandbox.id)
         if handle is None:
             return
-        if handle.address != live.record.address or handle.init_pid != live.record.extra.get("init_pid"):
-            live.record = dataclasses.replace(
-                live.record, address=handle.address, extra={**live.record.extra, "init_pid": handle.init_pid}
-            )
-            await self._sandboxes.put(live.record)
-        await wait_healthy(handle.address, handle.agent_port, time.monotonic() + 30)
-        self._exits.watch(live.record.id, handle.init_pid)
+        if handle.address != sandbox.record.address or handle.init_pid != sandbox.record.binding.init_pid:
+            sandbox.bind(handle)
+            await sandbox.save(sandbox.record)
+        await wait_healthy(handle.address, handle.agent_port, time.monotonic() + _FOLLOW_DEADLINE_S)
+        self._table.exits.watch(sandbox.id, handle.init_pid)
 
     def _manifest(self, rec: SandboxRecord, snapshot_id: str, names: tuple[str, ...], memory: bool) -> SnapshotManifest:
         return SnapshotManifest(
@@ -104,10 +113,10 @@ class SnapshotOps(LifecycleOps):
             source_sandbox_id=rec.id,
             template_id=rec.template_id,
             runtime=rec.runtime,
-            layers=tuple(rec.extra.get("layers", ())),
-            env=dict(rec.extra.get("env", {})),
-            workdir=rec.extra.get("workdir"),
-            user=rec.extra.get("user"),
+            layers=rec.image.layers,
+            env=dict(rec.image.env),
+            workdir=rec.image.workdir,
+            user=rec.image.user,
             memory=memory,
             created_at=self._clock(),
             cpu_count=rec.cpu_count,
@@ -116,7 +125,7 @@ class SnapshotOps(LifecycleOps):
             env_vars=dict(rec.env_vars),
             metadata=dict(rec.metadata),
             agent_token=rec.access_token if memory else None,
-            runtime_hash=rec.extra.get("runtime_hash"),
+            runtime_hash=rec.binding.runtime_hash,
         )
 
     async def fork(
@@ -129,33 +138,34 @@ class SnapshotOps(LifecycleOps):
         """
         if not 1 <= count <= MAX_FORKS:
             raise InvalidRequestError(f"count must be between 1 and {MAX_FORKS}")
-        self._admit()
-        self._check_room(count, f"forking {count} sandbox{'es' if count > 1 else ''}")  # before any snapshot
+        self._capacity.check(count, f"forking {count} sandbox{'es' if count > 1 else ''}")  # before any snapshot
         repo = self._repo()
-        live = self._get_live(sandbox_id)
+        sandbox = self._table.get(sandbox_id)
         async with repo.writing("fork-" + new_sandbox_id()) as data:
-            async with live.lock:
-                self._require(live, SandboxState.RUNNING)
-                memory = await self._snapshot_locked(live, data)
-            source = live.record
-            origin = Origin.of_snapshot(self._manifest(source, "fork", (), memory), data)
+            async with sandbox.lock:
+                sandbox.require(SandboxState.RUNNING)
+                memory = await self._snapshot_locked(sandbox, data)
+            source = sandbox.record
+            launch = Launch(
+                Origin.of_snapshot(self._manifest(source, "fork", (), memory), data),
+                runtime=source.runtime,
+                timeout_s=timeout_s,
+                metadata=source.metadata,
+                env_vars=source.env_vars,
+                secure=source.access_token is not None,
+                allow_internet=source.allow_internet,
+                policy=source.policy,
+            )
 
             async def child() -> SandboxRecord | WarrenError:
                 try:
-                    return await self._launch(
-                        origin,
-                        runtime_name=source.runtime,
-                        timeout_s=timeout_s,
-                        metadata=source.metadata,
-                        env_vars=source.env_vars,
-                        secure=source.access_token is not None,
-                        allow_internet=source.allow_internet,
-                        lifecycle=Lifecycle.of_extra(source.extra),
-                    )
+                    return await self._launcher.launch(launch)
                 except WarrenError as exc:
                     return exc
 
-            return list(await asyncio.gather(*(child() for _ in range(count))))
+            async with asyncio.TaskGroup() as group:
+                children = [group.create_task(child(), name=f"fork-{sandbox_id}-{i}") for i in range(count)]
+            return [task.result() for task in children]
 
     async def seal_template(self, template: TemplateRecord) -> None:
         """gVisor templates with a start command become memory snapshots (E2B's model): start one
@@ -165,18 +175,11 @@ class SnapshotOps(LifecycleOps):
         if template.runtime != RuntimeKind.GVISOR.value or not template.start_cmd or self._snapshots is None:
             return
         name = template_snapshot_name(template.id)
-        if (old := self._snapshots.find(name)) is not None:
+        if (old := await asyncio.to_thread(self._snapshots.find, name)) is not None:
             await self._snapshots.delete(old.snapshot_id)
         try:
-            record = await self._launch(
-                Origin.of_template(template),
-                runtime_name=None,
-                timeout_s=600,
-                metadata={},
-                env_vars={},
-                secure=True,
-                allow_internet=True,
-                use_pool=False,
+            record = await self._launcher.launch(
+                Launch(Origin.of_template(template), timeout_s=_SEAL_TIMEOUT_S, use_pool=False)
             )
         except WarrenError as exc:
             log.warning("template %s: could not start it for its memory snapshot: %s", template.name, exc)
@@ -188,10 +191,13 @@ class SnapshotOps(LifecycleOps):
             log.warning("template %s: memory snapshot failed: %s", template.name, exc)
         finally:
             with contextlib.suppress(NotFoundError):
-                await self.kill(record.id)
+                await self._transitions.kill(record.id)
 
     async def forget_template(self, template: TemplateRecord) -> None:
         """A template was deleted: drop its sealed snapshot and stop refilling its warm pool."""
-        self.pool.forget(template.id)
-        if self._snapshots is not None and (sealed := self._snapshots.find(template_snapshot_name(template.id))):
+        self._launcher.pool.forget(template.id)
+        if self._snapshots is None:
+            return
+        sealed = await asyncio.to_thread(self._snapshots.find, template_snapshot_name(template.id))
+        if sealed is not None:
             await self._snapshots.delete(sealed.snapshot_id)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..store.records import PauseMode
+
 AGENT_PORT = 49983
 """The port the guest agent listens on inside every sandbox (envd's port)."""
 
@@ -28,11 +30,35 @@ class RuntimeKind(enum.StrEnum):
     GVISOR = "gvisor"  # gVisor's runsc (ptrace platform): a user-space kernel, checkpoint/restore
 
 
-class PauseMode(enum.StrEnum):
-    """What a pause keeps."""
+class RuntimeState(enum.StrEnum):
+    """A backend's view of one sandbox (``Runtime.state``)."""
 
-    MEMORY = "memory"  # every process keeps its memory: runc freezer, gVisor checkpoint
-    FILESYSTEM = "filesystem"  # processes end, the upper dir stays; resume starts the agent afresh
+    RUNNING = "running"
+    PAUSED = "paused"  # frozen (runc) or checkpointed (gVisor)
+    STOPPED = "stopped"  # its container exists but no process runs (``created`` counts as stopped)
+
+
+@dataclass(frozen=True)
+class RuntimeProbe:
+    """What a backend's start-up probe found (``Runtime.probe``); ``/health`` shows :meth:`to_json`."""
+
+    available: bool
+    reason: str | None = None
+    """Why it is not available (or a note when it is); None when the probe gave none."""
+    details: Mapping[str, Any] = field(default_factory=dict)
+    """The rest of the probe's findings (kind, binary, version, platform, disk quota...), shown as is."""
+
+    @classmethod
+    def of_mapping(cls, found: Mapping[str, Any]) -> RuntimeProbe:
+        rest = {k: v for k, v in found.items() if k not in ("available", "reason")}
+        reason = found.get("reason")
+        return cls(available=bool(found.get("available")), reason=None if reason is None else str(reason), details=rest)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"available": self.available, **self.details}
+        if self.reason is not None:
+            out["reason"] = self.reason
+        return out
 
 
 @dataclass(frozen=True)
@@ -107,8 +133,8 @@ class Runtime(Protocol):
 
     kind: RuntimeKind
 
-    def probe(self) -> Mapping[str, Any]:
-        """What the startup probe found: ``{"available": bool, "reason": str, ...}``."""
+    def probe(self) -> RuntimeProbe:
+        """What the startup probe found."""
         ...
 
     async def start(self, spec: SandboxSpec) -> SandboxHandle:
@@ -122,8 +148,8 @@ class Runtime(Protocol):
         """Kill the sandbox and remove everything it owns. Idempotent; never raises for a missing one."""
         ...
 
-    async def state(self, sandbox_id: str) -> str | None:
-        """The runtime's view: ``"running"``, ``"paused"``, ``"stopped"``, or None when unknown."""
+    async def state(self, sandbox_id: str) -> RuntimeState | None:
+        """The runtime's view of the sandbox, or None when it does not know it."""
         ...
 
     async def stats(self, sandbox_id: str) -> SandboxStats:
@@ -170,3 +196,19 @@ class Runtime(Protocol):
         afresh on a copy of the snapshot's filesystem.
         """
         ...
+
+
+__all__ = [
+    "AGENT_MOUNT",
+    "AGENT_PORT",
+    "PauseMode",
+    "Resources",
+    "Runtime",
+    "RuntimeKind",
+    "RuntimeProbe",
+    "RuntimeState",
+    "SandboxHandle",
+    "SandboxSpec",
+    "SandboxStats",
+    "SnapshotContents",
+]

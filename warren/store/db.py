@@ -15,61 +15,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import HostError
+from .migrations import migrate
 
 T = TypeVar("T")
-
-_SCHEMA = (
-    """
-    CREATE TABLE IF NOT EXISTS sandboxes (
-        id TEXT PRIMARY KEY,
-        template_id TEXT NOT NULL,
-        alias TEXT,
-        runtime TEXT NOT NULL,
-        state TEXT NOT NULL,
-        metadata TEXT NOT NULL,
-        env_vars TEXT NOT NULL,
-        started_at REAL NOT NULL,
-        end_at REAL NOT NULL,
-        cpu_count INTEGER NOT NULL,
-        memory_mb INTEGER NOT NULL,
-        disk_mb INTEGER NOT NULL,
-        access_token TEXT,
-        address TEXT,
-        allow_internet INTEGER NOT NULL,
-        extra TEXT NOT NULL DEFAULT '{}'
-    )
-    """,
-    "CREATE INDEX IF NOT EXISTS sandboxes_started ON sandboxes(started_at, id)",
-    """
-    CREATE TABLE IF NOT EXISTS templates (
-        id TEXT PRIMARY KEY,
-        name TEXT NOT NULL UNIQUE,
-        runtime TEXT NOT NULL,
-        layers TEXT NOT NULL,
-        env TEXT NOT NULL,
-        workdir TEXT,
-        user TEXT,
-        start_cmd TEXT,
-        ready_cmd TEXT,
-        cpu_count INTEGER NOT NULL,
-        memory_mb INTEGER NOT NULL,
-        disk_mb INTEGER NOT NULL,
-        created_at REAL NOT NULL
-    )
-    """,
-)
-
-_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("templates", "build", "TEXT NOT NULL DEFAULT '{}'"),
-)
-"""Columns added after a table was first created: (table, column, definition), applied when missing."""
-
-
-def _migrate(conn: sqlite3.Connection) -> None:
-    for table, column, definition in _COLUMNS:
-        present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-        if column not in present:
-            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
 
 
 class Database:
@@ -87,9 +35,7 @@ class Database:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.execute("PRAGMA foreign_keys=ON")
-            for stmt in _SCHEMA:
-                self._conn.execute(stmt)
-            _migrate(self._conn)
+            migrate(self._conn)
         except sqlite3.Error as exc:
             raise HostError(f"cannot open the store at {path}: {exc}") from exc
         self._lock = threading.Lock()

@@ -1,9 +1,68 @@
-"""Frozen records the store returns. They carry data only; behaviour lives in the orchestrator."""
+"""Frozen records the store returns. They carry data only; behaviour lives in the orchestrator.
+
+A sandbox record is flat columns plus four typed sub-records, each stored as one JSON column:
+
+    image     ImageConfig      layers, env, workdir, user: what resume and snapshot need of its template
+    policy    LifecyclePolicy  what a timeout does, whether traffic wakes it, how a timeout pauses
+    binding   RuntimeBinding   the runtime hash it runs on, its init pid, how it was last paused
+    origin    str | None       the snapshot it was restored from (``from_snapshot``), if any
+"""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
+
+
+class OnTimeout(enum.StrEnum):
+    """What a sandbox's timeout does."""
+
+    KILL = "kill"
+    PAUSE = "pause"
+
+
+class PauseMode(enum.StrEnum):
+    """What a pause keeps (re-exported by ``warren.runtime.base``; defined here, in the lowest layer,
+    because a record keeps the mode a sandbox was paused with)."""
+
+    MEMORY = "memory"  # every process keeps its memory: runc freezer, gVisor checkpoint
+    FILESYSTEM = "filesystem"  # processes end, the upper dir stays; resume starts the agent afresh
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """The rootfs and agent defaults a sandbox was made from, so resume and snapshot never need its template."""
+
+    layers: tuple[str, ...] = ()
+    """Read-only layer directories, lowest first."""
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    user: str | None = None
+
+
+@dataclass(frozen=True)
+class LifecyclePolicy:
+    """What a timeout does, and whether traffic wakes a paused sandbox."""
+
+    on_timeout: OnTimeout = OnTimeout.KILL
+    auto_resume: bool = False
+    pause_memory: bool = True
+    """False: a timeout pauses filesystem-only."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "on_timeout", OnTimeout(self.on_timeout))  # "pause" from a caller is PAUSE
+
+
+@dataclass(frozen=True)
+class RuntimeBinding:
+    """What ties a sandbox to its runtime on this node."""
+
+    runtime_hash: str | None = None
+    """The staged runtime it was made with (seed 003); resume and snapshot restore need exactly it."""
+    init_pid: int | None = None
+    pause_mode: PauseMode | None = None
+    """Recorded with ``pausing``, so a crash mid-pause still knows how to resume."""
 
 
 @dataclass(frozen=True)
@@ -23,7 +82,11 @@ class SandboxRecord:
     access_token: str | None
     address: str | None
     allow_internet: bool
-    extra: dict[str, Any] = field(default_factory=dict)
+    image: ImageConfig = field(default_factory=ImageConfig)
+    policy: LifecyclePolicy = field(default_factory=LifecyclePolicy)
+    binding: RuntimeBinding = field(default_factory=RuntimeBinding)
+    origin: str | None = None
+    """The snapshot this sandbox was restored from, if any."""
 
 
 @dataclass(frozen=True)

@@ -6,19 +6,50 @@ import dataclasses
 import json
 import sqlite3
 
+from . import codec
 from .db import Database
 from .records import SandboxRecord, TemplateRecord
 
 _SANDBOX_COLS = [f.name for f in dataclasses.fields(SandboxRecord)]
 _TEMPLATE_COLS = [f.name for f in dataclasses.fields(TemplateRecord)]
-_JSON_SANDBOX = {"metadata", "env_vars", "extra"}
 _JSON_TEMPLATE = {"layers", "env", "build"}
 
 
 def _sandbox(row: sqlite3.Row) -> SandboxRecord:
-    values = {c: (json.loads(row[c]) if c in _JSON_SANDBOX else row[c]) for c in _SANDBOX_COLS}
-    values["allow_internet"] = bool(values["allow_internet"])
-    return SandboxRecord(**values)
+    return SandboxRecord(
+        id=row["id"],
+        template_id=row["template_id"],
+        alias=row["alias"],
+        runtime=row["runtime"],
+        state=row["state"],
+        metadata=json.loads(row["metadata"]),
+        env_vars=json.loads(row["env_vars"]),
+        started_at=row["started_at"],
+        end_at=row["end_at"],
+        cpu_count=row["cpu_count"],
+        memory_mb=row["memory_mb"],
+        disk_mb=row["disk_mb"],
+        access_token=row["access_token"],
+        address=row["address"],
+        allow_internet=bool(row["allow_internet"]),
+        image=codec.image_of(codec.load(row["image"])),
+        policy=codec.policy_of(codec.load(row["policy"])),
+        binding=codec.binding_of(codec.load(row["binding"])),
+        origin=row["origin"],
+    )
+
+
+def _sandbox_params(rec: SandboxRecord) -> list[object]:
+    columns: dict[str, object] = {
+        **{c: getattr(rec, c) for c in _SANDBOX_COLS},
+        "metadata": json.dumps(rec.metadata, sort_keys=True),
+        "env_vars": json.dumps(rec.env_vars, sort_keys=True),
+        "allow_internet": int(rec.allow_internet),
+        "image": codec.image_to_json(rec.image),
+        "policy": codec.policy_to_json(rec.policy),
+        "binding": codec.binding_to_json(rec.binding),
+    }
+    return [columns[c] for c in _SANDBOX_COLS]
 
 
 def _template(row: sqlite3.Row) -> TemplateRecord:
@@ -27,14 +58,12 @@ def _template(row: sqlite3.Row) -> TemplateRecord:
     return TemplateRecord(**values)
 
 
-def _params(record: object, cols: list[str], json_cols: set[str]) -> list[object]:
+def _template_params(rec: TemplateRecord) -> list[object]:
     out: list[object] = []
-    for c in cols:
-        v = getattr(record, c)
-        if c in json_cols:
+    for c in _TEMPLATE_COLS:
+        v = getattr(rec, c)
+        if c in _JSON_TEMPLATE:
             v = json.dumps(list(v) if isinstance(v, tuple) else v, sort_keys=True)
-        elif isinstance(v, bool):
-            v = int(v)
         out.append(v)
     return out
 
@@ -52,8 +81,8 @@ class SandboxRepo:
         self._db = db
 
     async def put(self, rec: SandboxRecord) -> None:
-        """Insert or replace the whole record."""
-        await self._db.write(_SANDBOX_UPSERT, _params(rec, _SANDBOX_COLS, _JSON_SANDBOX))
+        """Insert or replace the whole record (committed and fsynced off the event loop)."""
+        await self._db.write(_SANDBOX_UPSERT, _sandbox_params(rec))
 
     async def get(self, sandbox_id: str) -> SandboxRecord | None:
         rows = await self._db.read("SELECT * FROM sandboxes WHERE id = ?", (sandbox_id,))
@@ -73,12 +102,10 @@ class TemplateRepo:
 
     async def put(self, rec: TemplateRecord) -> None:
         """Insert or replace the whole record."""
-        await self._db.write(_TEMPLATE_UPSERT, _params(rec, _TEMPLATE_COLS, _JSON_TEMPLATE))
+        await self._db.write(_TEMPLATE_UPSERT, _template_params(rec))
 
     async def find(self, id_or_name: str) -> TemplateRecord | None:
-        rows = await self._db.read(
-            "SELECT * FROM templates WHERE id = ? OR name = ?", (id_or_name, id_or_name)
-        )
+        rows = await self._db.read("SELECT * FROM templates WHERE id = ? OR name = ?", (id_or_name, id_or_name))
         return _template(rows[0]) if rows else None
 
     async def all(self) -> list[TemplateRecord]:

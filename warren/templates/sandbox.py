@@ -17,7 +17,7 @@ from pathlib import Path
 
 from warren.errors import WarrenError
 from warren.ids import new_id
-from warren.runtime.base import Resources, Runtime, RuntimeKind, SandboxSpec
+from warren.runtime.base import Resources, Runtime, RuntimeKind, RuntimeProbe, SandboxSpec
 from warren.templates.agent_client import AgentClient
 from warren.templates.buildlog import BuildLog
 from warren.templates.model import BASE_STEP, DEFAULT_DISK_MB, SANDBOX_PREFIX, BuildFailed
@@ -45,9 +45,9 @@ async def build_sandbox(
     runtime: Runtime | None, lower: Sequence[str], *, cpu_count: int, memory_mb: int, log_to: BuildLog
 ) -> AsyncIterator[BuildSandbox]:
     """Start a build sandbox over ``lower`` and wait for its agent; stop it on the way out, however left."""
-    probe = runtime.probe() if runtime is not None else {"reason": "runc is not configured"}
-    if runtime is None or not probe.get("available"):
-        raise BuildFailed(f"cannot build: runc is not available on this node ({probe.get('reason')})", BASE_STEP)
+    probe = runtime.probe() if runtime is not None else RuntimeProbe(False, "runc is not configured")
+    if runtime is None or not probe.available:
+        raise BuildFailed(f"cannot build: runc is not available on this node ({probe.reason})", BASE_STEP)
     sandbox_id = new_sandbox_id()
     spec = SandboxSpec(
         sandbox_id=sandbox_id,

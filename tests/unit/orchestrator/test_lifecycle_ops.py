@@ -74,7 +74,7 @@ async def test_snapshot_then_create_from_it_and_delete_source(env: tuple) -> Non
     await manager.kill(src.id)
     child = await manager.create(CreateRequest(template="snap1"))
     assert runtime.restored_from[child.id] == src.id
-    assert child.extra["layers"] == ["/l1"] and child.extra["from_snapshot"] == manifest.snapshot_id
+    assert child.image.layers == ("/l1",) and child.origin == manifest.snapshot_id
 
 
 async def test_fork_counts_and_children(env: tuple) -> None:  # type: ignore[type-arg]

@@ -52,7 +52,7 @@ async def test_snapshot_with_unknown_runtime_is_refused_then_works_once_register
         registry=registry,
     )
     src = await manager.create(CreateRequest(template="base"))
-    assert src.extra["runtime_hash"] == v1.record.hash()
+    assert src.binding.runtime_hash == v1.record.hash()
     snap = await manager.snapshot(src.id, "s1")
     assert snap.runtime_hash == v1.record.hash()
 
@@ -68,7 +68,7 @@ async def test_snapshot_with_unknown_runtime_is_refused_then_works_once_register
 
     await registry.index.register(ghost)
     child = await manager.create(CreateRequest(template="s1"))
-    assert child.extra["runtime_hash"] == ghost.hash()
+    assert child.binding.runtime_hash == ghost.hash()
     await agent.close()
     db.close()
 
@@ -94,8 +94,8 @@ async def test_upgrade_keeps_old_sandboxes_on_their_runtime(tmp_path: Path) -> N
     v2 = _config(tmp_path, "v2", b"runtime two", True)
     await registry.configure([dataclasses.replace(v1, default=False), v2])
     new = await manager.create(CreateRequest(template="base"))
-    assert new.extra["runtime_hash"] == v2.record.hash() != old.extra["runtime_hash"]
+    assert new.binding.runtime_hash == v2.record.hash() != old.binding.runtime_hash
     resumed, was_paused = await manager.connect(old.id, None)
-    assert was_paused and resumed.extra["runtime_hash"] == v1.record.hash()
+    assert was_paused and resumed.binding.runtime_hash == v1.record.hash()
     await agent.close()
     db.close()

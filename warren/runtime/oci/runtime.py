@@ -49,6 +49,8 @@ from warren.runtime.base import (
     AGENT_PORT,
     PauseMode,
     RuntimeKind,
+    RuntimeProbe,
+    RuntimeState,
     SandboxHandle,
     SandboxSpec,
     SandboxStats,
@@ -131,11 +133,11 @@ class OciRuntime(OciBackendBase):
         """Record a failed probe without running one (e.g. the binary or networking is missing)."""
         self._probe = {"available": False, "reason": reason, "kind": str(self.kind), "binary": str(self.binary)}
 
-    def probe(self) -> Mapping[str, Any]:
+    def probe(self) -> RuntimeProbe:
         """The result of :meth:`setup`'s probe, or "not probed" before it ran."""
         if self._probe is None:
-            return {"available": False, "reason": "not probed yet", "kind": str(self.kind)}
-        return self._probe
+            return RuntimeProbe(False, "not probed yet", {"kind": str(self.kind)})
+        return RuntimeProbe.of_mapping(self._probe)
 
     async def recover(self) -> list[str]:
         """Reload the records of sandboxes left on disk by a previous process; return their ids.
@@ -212,7 +214,7 @@ class OciRuntime(OciBackendBase):
             if record is not None:
                 self._release_range(record.uid_range)
 
-    async def state(self, sandbox_id: str) -> str | None:
+    async def state(self, sandbox_id: str) -> RuntimeState | None:
         """``running``, ``paused`` or ``stopped``; None when neither warren nor the runtime knows the id."""
         try:
             validate_sandbox_id(sandbox_id)
@@ -220,8 +222,9 @@ class OciRuntime(OciBackendBase):
             return None
         record = self._record(sandbox_id)
         if record is not None and record.paused is not None and not self._freezes(record.paused):
-            return "paused"  # no container exists while checkpointed or paused without processes
-        return await self._cli_of(sandbox_id).state(sandbox_id)
+            return RuntimeState.PAUSED  # no container exists while checkpointed or paused without processes
+        status = await self._cli_of(sandbox_id).state(sandbox_id)
+        return RuntimeState(status) if status is not None else None
 
     async def stats(self, sandbox_id: str) -> SandboxStats:
         """CPU, memory (from the cgroup) and disk (the upper dir) of a sandbox this backend started."""
@@ -362,7 +365,7 @@ class OciRuntime(OciBackendBase):
                 memory, source = await self._snapshot_locked(record, paths, dest)
                 new_meta(
                     kind=self.kind, memory=memory, platform=self.platform if self.kind is RuntimeKind.GVISOR else None,
-                    binary=self.binary, version=self.probe().get("version"), agent_bundle=self.agent_bundle,
+                    binary=self.binary, version=self.probe().details.get("version"), agent_bundle=self.agent_bundle,
                     resources=record.resources, source_id=sandbox_id,
                     source_state="paused" if record.paused is not None else "running",
                 ).write(dest)

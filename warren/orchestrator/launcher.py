@@ -1,0 +1,270 @@
+"""Starting sandboxes: from a template (claiming a warm-pool sandbox when one is ready), from a
+snapshot named by id or name, or from a fork's private snapshot; and the warm pool's own starts."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import Settings
+from ..errors import InvalidRequestError, NotFoundError, RuntimeFailure
+from ..ids import new_sandbox_id
+from ..runtime.base import Resources, RuntimeKind, SandboxSpec
+from ..runtime.registry import StagedRuntime
+from ..snapshots import SnapshotRepository
+from ..store import LifecyclePolicy, RuntimeBinding, SandboxRecord, TemplateRepo
+from .agent import DEFAULT_USER, init_agent, init_sandbox, wait_healthy
+from .capacity import Capacity
+from .origin import Origin
+from .pool import Pooled, WarmPool
+from .requests import CreateRequest, ttl_seconds
+from .runtimes import AGENT_START_DEADLINE_S, RuntimeSet
+from .sandbox import Sandbox
+from .startcmd import run_start_command
+from .states import SandboxState
+from .table import SandboxTable
+
+log = logging.getLogger(__name__)
+
+_CLAIMED_AGENT_DEADLINE_S = 2.0
+"""A warm-pool sandbox answered /health before; if it does not now, it is dead and the create starts afresh."""
+
+
+
+def template_snapshot_name(template_id: str) -> str:
+    """The snapshot a gVisor template's creates restore (hidden from the E2B snapshot list)."""
+    return f"template:{template_id}"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One sandbox to start: where from, and what the new record says."""
+
+    origin: Origin
+    runtime: str | None = None
+    """``runc`` or ``gvisor``; None: the origin's."""
+    timeout_s: int | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    env_vars: Mapping[str, str] = field(default_factory=dict)
+    secure: bool = True
+    allow_internet: bool = True
+    policy: LifecyclePolicy = field(default_factory=LifecyclePolicy)
+    use_pool: bool = True
+
+
+class Launcher:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        table: SandboxTable,
+        capacity: Capacity,
+        runtimes: RuntimeSet,
+        templates: TemplateRepo,
+        snapshots: SnapshotRepository | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self._settings = settings
+        self._table = table
+        self._capacity = capacity
+        self._runtimes = runtimes
+        self._templates = templates
+        self._snapshots = snapshots
+        self._clock = clock
+        self.pool = WarmPool(self._pool_start, self._pool_stop, default_size=settings.warm_pool_size,
+                             room=capacity.pool_room)  # fmt: skip
+        capacity.attach_pool(self.pool)
+
+    async def create(self, req: CreateRequest) -> SandboxRecord:
+        """A new sandbox from a template, or from a snapshot named by id or name."""
+        origin = await self.resolve(req.template)
+        return await self.launch(
+            Launch(
+                origin,
+                runtime=req.runtime,
+                timeout_s=req.timeout_s,
+                metadata=req.metadata,
+                env_vars={**origin.env_vars, **req.env_vars},
+                secure=req.secure,
+                allow_internet=req.allow_internet,
+                policy=req.lifecycle or LifecyclePolicy(),
+            )
+        )
+
+    async def resolve(self, name: str) -> Origin:
+        """A template by id or name (its sealed memory snapshot when it has one), else a snapshot.
+
+        The snapshot repository reads manifests from disk: that runs in a worker thread."""
+        template = await self._templates.find(name)
+        snapshots = self._snapshots
+        if snapshots is None:
+            if template is None:
+                raise NotFoundError(f"template '{name}' not found")
+            return Origin.of_template(template)
+        if template is not None:
+            sealed = await asyncio.to_thread(snapshots.find, template_snapshot_name(template.id))
+            if sealed is None:
+                return Origin.of_template(template)
+            origin = Origin.of_snapshot(sealed, snapshots.data_dir(sealed.snapshot_id))
+            return dataclasses.replace(origin, alias=template.name, start_cmd=template.start_cmd)
+        manifest = await asyncio.to_thread(snapshots.find, name)
+        if manifest is None:
+            raise NotFoundError(f"template '{name}' not found")
+        return Origin.of_snapshot(manifest, snapshots.data_dir(manifest.snapshot_id))
+
+    async def launch(self, launch: Launch) -> SandboxRecord:
+        """Start one sandbox and hand it its /init, holding a slot of the node's cap throughout (429
+        before anything is made when none is free).
+
+        A template create claims a warm-pool sandbox when one is ready; if that sandbox turns out
+        dead, the create starts a fresh one instead (once).
+        """
+        with self._capacity.slot():
+            kind = self._runtimes.kind(launch.runtime or launch.origin.runtime)
+            source = launch.origin.snapshot_dir
+            if source is not None and kind.value != launch.origin.runtime:
+                raise InvalidRequestError(f"a {launch.origin.runtime} snapshot cannot start under {kind.value}")
+            self._runtimes.available(kind)
+            usable = launch.use_pool and source is None and launch.allow_internet
+            pooled = self.pool.claim(launch.origin, kind) if usable else None
+            if pooled is not None:
+                try:
+                    if launch.origin.start_cmd is None:
+                        return await self._claim(launch, pooled)
+                    return await self._start(launch, kind, pooled)
+                except RuntimeFailure:
+                    log.warning("warm-pool sandbox %s was not usable; starting a fresh one", pooled.sandbox_id)
+            await self._capacity.make_room()
+            return await self._start(launch, kind, None)
+
+    def _record(
+        self, launch: Launch, kind: RuntimeKind, sandbox_id: str, staged: StagedRuntime | None, token: str | None
+    ) -> SandboxRecord:
+        origin = launch.origin
+        now = self._clock()
+        return SandboxRecord(
+            id=sandbox_id,
+            template_id=origin.template_id,
+            alias=origin.alias,
+            runtime=kind.value,
+            state=SandboxState.CREATING.value,
+            metadata=dict(launch.metadata),
+            env_vars=dict(launch.env_vars),
+            started_at=now,
+            end_at=now + ttl_seconds(self._settings, launch.timeout_s),
+            cpu_count=origin.cpu_count,
+            memory_mb=origin.memory_mb,
+            disk_mb=origin.disk_mb,
+            access_token=token,
+            address=None,
+            allow_internet=launch.allow_internet,
+            image=origin.image(),
+            policy=launch.policy,
+            binding=RuntimeBinding(runtime_hash=staged.runtime_hash if staged else None),
+            origin=origin.snapshot_id,
+        )
+
+    async def _claim(self, launch: Launch, pooled: Pooled) -> SandboxRecord:
+        """A warm-pool sandbox becomes the user's: already /init'ed, so its record is saved once, as
+        running. Only a create that adds env vars or wants no token sends one more /init (rotating
+        the pool's token). ``RuntimeFailure`` when the spare does not answer (the caller starts afresh)."""
+        handle = pooled.handle
+        token = pooled.access_token if launch.secure else None
+        record = dataclasses.replace(
+            self._record(launch, pooled.kind, pooled.sandbox_id, pooled.staged, token),
+            state=SandboxState.RUNNING.value,
+            address=handle.address,
+        )
+        record = dataclasses.replace(record, binding=dataclasses.replace(record.binding, init_pid=handle.init_pid))
+        try:
+            await wait_healthy(handle.address, handle.agent_port, time.monotonic() + _CLAIMED_AGENT_DEADLINE_S)
+            if launch.env_vars or token is None:
+                await init_sandbox(record, handle.address, handle.agent_port, previous_token=pooled.access_token)
+            await self._table.store.put(record)  # persisted before anyone can see it
+        except BaseException:
+            await asyncio.shield(self._table.discard(record))
+            raise
+        self._table.add(record)
+        self._table.exits.watch(record.id, handle.init_pid)
+        return record
+
+    async def _start(self, launch: Launch, kind: RuntimeKind, pooled: Pooled | None) -> SandboxRecord:
+        origin = launch.origin
+        staged = (
+            pooled.staged
+            if pooled
+            else await self._runtimes.stage(origin.runtime_hash if origin.snapshot_dir else None, kind)
+        )
+        sandbox_id = pooled.sandbox_id if pooled else new_sandbox_id()
+        token = secrets.token_urlsafe(24) if launch.secure else None
+        sandbox = self._table.add(self._record(launch, kind, sandbox_id, staged, token))
+        try:
+            async with sandbox.lock:
+                await sandbox.save(sandbox.record)
+                await self._bring_up(sandbox, origin, staged, pooled)
+        except BaseException:
+            await asyncio.shield(self._table.discard(sandbox))
+            raise
+        return sandbox.record
+
+    async def _bring_up(
+        self, sandbox: Sandbox, origin: Origin, staged: StagedRuntime | None, pooled: Pooled | None
+    ) -> None:
+        """Start (or take over) the runtime's sandbox, /init its agent, run the start command: running."""
+        source = origin.snapshot_dir
+        if pooled is not None:
+            handle = pooled.handle
+        else:
+            runtime = self._runtimes.available(sandbox.kind)
+            spec = self._runtimes.spec(sandbox.record, staged)
+            handle = await (runtime.restore(spec, source) if source is not None else runtime.start(spec))
+        sandbox.bind(handle)
+        deadline = time.monotonic() + (_CLAIMED_AGENT_DEADLINE_S if pooled else AGENT_START_DEADLINE_S[sandbox.kind])
+        await wait_healthy(handle.address, handle.agent_port, deadline)
+        previous = pooled.access_token if pooled else origin.agent_token
+        await init_sandbox(sandbox.record, handle.address, handle.agent_port, previous_token=previous)
+        await run_start_command(
+            origin, handle, sandbox.record.access_token, fresh=source is None, settings=self._settings
+        )
+        await sandbox.set_state(SandboxState.RUNNING)
+        self._table.exits.watch(sandbox.id, handle.init_pid)
+
+    # ----- the warm pool's sandboxes ---------------------------------------------------------------
+
+    async def _pool_start(self, origin: Origin, kind: RuntimeKind) -> Pooled:
+        """A sandbox for the warm pool: started and answering, not /init'ed, not in the store."""
+        staged = await self._runtimes.stage(None, kind)
+        sandbox_id = new_sandbox_id()
+        spec = SandboxSpec(
+            sandbox_id=sandbox_id,
+            runtime=kind,
+            layers=tuple(Path(p) for p in origin.layers),
+            resources=Resources(cpu_count=origin.cpu_count, memory_mb=origin.memory_mb, disk_mb=origin.disk_mb),
+            runtime_binary=staged.binary if staged else None,
+        )
+        runtime = self._runtimes.available(kind)
+        handle = await runtime.start(spec)
+        token = secrets.token_urlsafe(24)
+        try:
+            await wait_healthy(handle.address, handle.agent_port, time.monotonic() + AGENT_START_DEADLINE_S[kind])
+            await init_agent(
+                handle.address,
+                handle.agent_port,
+                env_vars=origin.env,
+                access_token=token,
+                default_user=origin.user or DEFAULT_USER,
+                default_workdir=origin.workdir,
+            )
+        except BaseException:
+            await asyncio.shield(runtime.stop(sandbox_id))
+            raise
+        return Pooled(sandbox_id, kind, handle, staged, token)
+
+    async def _pool_stop(self, pooled: Pooled) -> None:
+        await self._runtimes.of(pooled.kind).stop(pooled.sandbox_id)

@@ -1,0 +1,148 @@
+"""Every sandbox this node holds, by id: lookups, listing, routes, and teardown.
+
+The one place a sandbox enters (:meth:`SandboxTable.add`) and leaves (:meth:`SandboxTable.discard`)
+the node; removal listeners (the proxy cutting open streams) hear of every sandbox that stops being
+routable, and the exit watcher follows each running sandbox's init process.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+
+from ..errors import InvalidRequestError, NotFoundError
+from ..runtime.base import Runtime, RuntimeKind
+from ..store import SandboxRecord
+from .exits import ExitWatcher
+from .requests import ListQuery
+from .sandbox import RecordStore, Sandbox
+from .states import SandboxState, public_state
+
+log = logging.getLogger(__name__)
+
+_HIDDEN = frozenset({SandboxState.CREATING, SandboxState.KILLING})
+"""States the API does not show: a create not finished, a sandbox being torn down."""
+
+
+class SandboxTable:
+    def __init__(self, store: RecordStore, runtimes: Mapping[RuntimeKind, Runtime]) -> None:
+        self.store = store
+        self._runtimes = runtimes
+        self._live: dict[str, Sandbox] = {}
+        self.exits = ExitWatcher()
+        self._removal_listeners: list[Callable[[str], Awaitable[None]]] = []
+        self._freed: list[Callable[[], None]] = []
+
+    # ----- membership ------------------------------------------------------------------------------
+
+    def add(self, record: SandboxRecord) -> Sandbox:
+        sandbox = Sandbox(record, self.store)
+        self._live[record.id] = sandbox
+        return sandbox
+
+    def holds(self, sandbox: Sandbox) -> bool:
+        """Whether ``sandbox`` is still the one this node holds under its id (not discarded)."""
+        return self._live.get(sandbox.id) is sandbox
+
+    def lookup(self, sandbox_id: str) -> Sandbox | None:
+        """Any sandbox under this id, in any state."""
+        return self._live.get(sandbox_id)
+
+    def __iter__(self) -> Iterator[Sandbox]:
+        return iter(list(self._live.values()))
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    # ----- listeners -------------------------------------------------------------------------------
+
+    def on_removed(self, listener: Callable[[str], Awaitable[None]]) -> None:
+        """Await ``listener(sandbox_id)`` whenever a sandbox stops being routable (killed, died, paused)."""
+        self._removal_listeners.append(listener)
+
+    def on_freed(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` whenever a sandbox left the table (a slot of the cap may be free)."""
+        self._freed.append(callback)
+
+    async def unroute(self, sandbox_id: str) -> None:
+        """The sandbox stops taking traffic: stop watching its init and tell the listeners."""
+        self.exits.unwatch(sandbox_id)
+        for listener in self._removal_listeners:
+            try:
+                await listener(sandbox_id)
+            except Exception:
+                log.exception("removal listener failed for %s", sandbox_id)
+
+    # ----- queries ---------------------------------------------------------------------------------
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        """A sandbox the API may see; ``NotFoundError`` (404) otherwise."""
+        sandbox = self._live.get(sandbox_id)
+        if sandbox is None or sandbox.state in _HIDDEN:
+            raise NotFoundError(f"sandbox {sandbox_id} not found")
+        return sandbox
+
+    def route(self, sandbox_id: str) -> tuple[str, SandboxState] | None:
+        """The agent address of a sandbox and its state, or None if this node does not know it."""
+        sandbox = self._live.get(sandbox_id)
+        if sandbox is None or sandbox.record.address is None:
+            return None
+        return sandbox.record.address, sandbox.state
+
+    def count_in(self, states: frozenset[SandboxState]) -> int:
+        return sum(1 for sb in self._live.values() if sb.state in states)
+
+    def running_ids(self) -> builtins.list[str]:
+        return [i for i, sb in self._live.items() if sb.state is SandboxState.RUNNING]
+
+    def known_ids(self) -> set[str]:
+        return set(self._live)
+
+    def list(self, query: ListQuery) -> tuple[builtins.list[SandboxRecord], str | None]:
+        """Filtered, ordered by start time; returns one page and the token of the next one."""
+        records = sorted(
+            (sb.record for sb in self._live.values() if sb.state not in _HIDDEN), key=lambda r: (r.started_at, r.id)
+        )
+        out = [
+            r
+            for r in records
+            if public_state(SandboxState(r.state)) in query.states
+            and all(r.metadata.get(k) == v for k, v in query.metadata.items())
+        ]
+        if query.next_token:
+            after = _decode_token(query.next_token)
+            out = [r for r in out if (r.started_at, r.id) > after]
+        if query.limit is not None and len(out) > query.limit:
+            page = out[: query.limit]
+            return page, _encode_token(page[-1])
+        return out, None
+
+    # ----- teardown --------------------------------------------------------------------------------
+
+    async def discard(self, sandbox: Sandbox | SandboxRecord) -> None:
+        """Remove a sandbox and everything it owns; safe on any half-made sandbox."""
+        record = sandbox.record if isinstance(sandbox, Sandbox) else sandbox
+        runtime = self._runtimes.get(RuntimeKind(record.runtime))
+        await self.unroute(record.id)
+        try:
+            if runtime is not None:
+                await runtime.stop(record.id)
+        finally:
+            self._live.pop(record.id, None)
+            for callback in self._freed:
+                callback()
+            await self.store.delete(record.id)
+
+
+def _encode_token(record: SandboxRecord) -> str:
+    return base64.urlsafe_b64encode(f"{record.started_at!r}:{record.id}".encode()).decode()
+
+
+def _decode_token(token: str) -> tuple[float, str]:
+    try:
+        started, _, sandbox_id = base64.urlsafe_b64decode(token.encode()).decode().partition(":")
+        return float(started), sandbox_id
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequestError("invalid nextToken") from None

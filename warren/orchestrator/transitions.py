@@ -1,0 +1,127 @@
+"""Operations on one existing sandbox: kill, TTL changes, pause, resume/connect and auto-resume."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from ..config import Settings
+from ..errors import ConflictError, NotFoundError, RuntimeFailure
+from ..runtime.base import PauseMode, RuntimeState
+from ..store import LifecyclePolicy, SandboxRecord
+from .agent import init_sandbox, wait_healthy
+from .capacity import Capacity
+from .faults import FaultPoint, Faults
+from .requests import ttl_seconds
+from .runtimes import AGENT_START_DEADLINE_S, RuntimeSet
+from .sandbox import Sandbox
+from .states import SandboxState
+from .table import SandboxTable
+
+log = logging.getLogger(__name__)
+
+
+class Transitions:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        table: SandboxTable,
+        capacity: Capacity,
+        runtimes: RuntimeSet,
+        faults: Faults,
+        clock: Callable[[], float],
+    ) -> None:
+        self._settings = settings
+        self._table = table
+        self._capacity = capacity
+        self._runtimes = runtimes
+        self._faults = faults
+        self._clock = clock
+
+    async def kill(self, sandbox_id: str) -> None:
+        sandbox = self._table.get(sandbox_id)
+        async with sandbox.lock:
+            if not self._table.holds(sandbox) or sandbox.state is SandboxState.KILLING:
+                raise NotFoundError(f"sandbox {sandbox_id} not found")
+            await sandbox.set_state(SandboxState.KILLING)
+            await asyncio.shield(self._table.discard(sandbox))
+
+    async def set_timeout(self, sandbox_id: str, timeout_s: int) -> SandboxRecord:
+        sandbox = self._table.get(sandbox_id)
+        end_at = self._clock() + ttl_seconds(self._settings, timeout_s)  # 400 when negative
+        async with sandbox.lock:
+            return await sandbox.update(end_at=end_at)
+
+    def policy(self, sandbox_id: str) -> LifecyclePolicy:
+        return self._table.get(sandbox_id).record.policy
+
+    async def connect(self, sandbox_id: str, timeout_s: int | None) -> tuple[SandboxRecord, bool]:
+        """Resume a paused sandbox, or extend a running one's TTL (never shortening it).
+
+        Returns (record, resumed).
+        """
+        sandbox = self._table.get(sandbox_id)
+        end_at = self._clock() + ttl_seconds(self._settings, timeout_s)
+        resumed = False
+        async with sandbox.lock:
+            if sandbox.state is SandboxState.PAUSED:
+                with self._capacity.slot():  # a resumed sandbox holds a slot again (429 when none is free)
+                    await self._resume_locked(sandbox)
+                resumed = True
+            if end_at > sandbox.record.end_at or resumed:
+                await sandbox.update(end_at=end_at)
+        return sandbox.record, resumed
+
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> SandboxRecord:
+        """Pause a running sandbox; ``ConflictError`` (409) if it is already paused."""
+        sandbox = self._table.get(sandbox_id)
+        async with sandbox.lock:
+            if sandbox.state in (SandboxState.PAUSED, SandboxState.PAUSING):
+                raise ConflictError(f"sandbox {sandbox_id} is already paused")
+            await self.pause_locked(sandbox, PauseMode.MEMORY if memory else PauseMode.FILESYSTEM)
+        return sandbox.record
+
+    async def pause_locked(self, sandbox: Sandbox, mode: PauseMode) -> None:
+        runtime = self._runtimes.of(sandbox.kind)
+        # The mode is recorded with PAUSING, so a crash mid-pause still knows how to resume.
+        sandbox.stage(binding=dataclasses.replace(sandbox.record.binding, pause_mode=mode))
+        await sandbox.set_state(SandboxState.PAUSING)
+        await self._table.unroute(sandbox.id)
+        try:
+            await runtime.pause(sandbox.id, mode)
+            await self._faults.reached(FaultPoint.PAUSE)
+        except RuntimeFailure:
+            if await runtime.state(sandbox.id) == RuntimeState.RUNNING:
+                await sandbox.set_state(SandboxState.RUNNING)
+                self._table.exits.watch(sandbox.id, sandbox.record.binding.init_pid)
+            else:
+                log.warning("pause destroyed sandbox %s; removing it", sandbox.id)
+                await sandbox.set_state(SandboxState.KILLING)
+                await asyncio.shield(self._table.discard(sandbox))
+            raise
+        await sandbox.set_state(SandboxState.PAUSED)
+        self._capacity.freed()
+
+    async def _resume_locked(self, sandbox: Sandbox) -> None:
+        kind = sandbox.kind
+        runtime = self._runtimes.available(kind)
+        binding = sandbox.record.binding
+        mode = binding.pause_mode or PauseMode.MEMORY
+        staged = await self._runtimes.stage(binding.runtime_hash, kind) if binding.runtime_hash else None
+        await sandbox.set_state(SandboxState.RESUMING)
+        try:
+            handle = await runtime.resume(self._runtimes.spec(sandbox.record, staged), mode)
+            await self._faults.reached(FaultPoint.RESUME)
+            sandbox.bind(handle)
+            await wait_healthy(handle.address, handle.agent_port, time.monotonic() + AGENT_START_DEADLINE_S[kind])
+            if mode is PauseMode.FILESYSTEM:
+                await init_sandbox(sandbox.record, handle.address, handle.agent_port, previous_token=None)
+        except BaseException:
+            await asyncio.shield(sandbox.set_state(SandboxState.PAUSED))
+            raise
+        await sandbox.set_state(SandboxState.RUNNING)
+        self._table.exits.watch(sandbox.id, handle.init_pid)
