@@ -183,13 +183,13 @@ def snapshot_body(m: SnapshotManifest) -> dict[str, Any]:
 
 def build_id_of(rec: TemplateRecord) -> str:
     """The template's current build id (imported templates get a stable one derived from their id)."""
-    value = rec.build.get("build_id")
-    return str(value) if value else str(uuid.uuid5(uuid.NAMESPACE_URL, f"warren:template:{rec.id}"))
+    value = rec.build.build_id
+    return value if value else str(uuid.uuid5(uuid.NAMESPACE_URL, f"warren:template:{rec.id}"))
 
 
 def template_body(rec: TemplateRecord) -> dict[str, Any]:
     """The SDK's ``Template`` (list) shape plus warren's own fields."""
-    built = rec.build.get("built_at") or rec.created_at
+    built = rec.build.built_at or rec.created_at
     return {
         "templateID": rec.id,
         "buildID": build_id_of(rec),
@@ -204,7 +204,7 @@ def template_body(rec: TemplateRecord) -> dict[str, Any]:
         "createdBy": None,
         "lastSpawnedAt": None,
         "spawnCount": 0,
-        "buildCount": int(rec.build.get("build_count", 1)),
+        "buildCount": rec.build.build_count,
         "buildStatus": "ready",
         "envdVersion": ENVD_VERSION,
         "runtime": rec.runtime,
@@ -214,6 +214,6 @@ def template_body(rec: TemplateRecord) -> dict[str, Any]:
         "user": rec.user,
         "startCmd": rec.start_cmd,
         "readyCmd": rec.ready_cmd,
-        "source": rec.build.get("source"),
-        "tags": rec.build.get("tags", []),
+        "source": rec.build.source or None,
+        "tags": list(rec.build.tags),
     }

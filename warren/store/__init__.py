@@ -1,11 +1,14 @@
 """SQLite store: the only package that opens the database."""
 
+from .codec import provenance_json
 from .db import Database
 from .records import (
+    CacheEntry,
     ImageConfig,
     LifecyclePolicy,
     OnTimeout,
     PauseMode,
+    Provenance,
     RuntimeBinding,
     SandboxRecord,
     TemplateRecord,
@@ -13,14 +16,17 @@ from .records import (
 from .repos import SandboxRepo, TemplateRepo
 
 __all__ = [
+    "CacheEntry",
     "Database",
     "ImageConfig",
     "LifecyclePolicy",
     "OnTimeout",
     "PauseMode",
+    "Provenance",
     "RuntimeBinding",
     "SandboxRecord",
     "SandboxRepo",
     "TemplateRecord",
     "TemplateRepo",
+    "provenance_json",
 ]

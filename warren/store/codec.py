@@ -1,4 +1,4 @@
-"""JSON columns of a sandbox record: each typed sub-record to a JSON object and back.
+"""JSON columns of the records: each typed sub-record to a JSON object and back.
 
 Reading is lenient about absent keys (a default takes their place) and strict about types that
 cannot be right (a ``ValueError`` from an enum), so a record written by an older node still reads.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .records import ImageConfig, LifecyclePolicy, OnTimeout, PauseMode, RuntimeBinding
+from .records import CacheEntry, ImageConfig, LifecyclePolicy, OnTimeout, PauseMode, Provenance, RuntimeBinding
 
 
 def image_to_json(image: ImageConfig) -> str:
@@ -52,6 +52,53 @@ def binding_of(raw: dict[str, Any]) -> RuntimeBinding:
         init_pid=int(pid) if pid is not None else None,
         pause_mode=PauseMode(mode) if mode is not None else None,
     )
+
+
+def provenance_json(p: Provenance) -> dict[str, Any]:
+    """The JSON object of a template's provenance (also what ``GET /templates/{id}`` shows as ``build``);
+    keys that do not apply to how it was made are left out."""
+    out: dict[str, Any] = {
+        "build_id": p.build_id, "built_at": p.built_at, "build_count": p.build_count, "source": p.source,
+        "steps": p.steps, "cache": [{"key": c.key, "layers": list(c.layers)} for c in p.cache], "layer": p.layer,
+        "files": list(p.files), "tags": list(p.tags), "shell": p.shell, "pulled": p.pulled,
+        "diff_ids": list(p.diff_ids), "entrypoint": list(p.entrypoint), "cmd": list(p.cmd),
+    }
+    return {k: v for k, v in out.items() if k == "build_count" or v != _UNSET.get(k)}
+
+
+_UNSET: dict[str, Any] = {"build_id": None, "built_at": None, "source": {}, "steps": 0, "cache": [], "layer": None,
+                          "files": [], "tags": [], "shell": None, "pulled": False, "diff_ids": [], "entrypoint": [],
+                          "cmd": []}
+"""Values that say nothing; left out of the JSON, as the dicts that came before these records left them out."""
+
+
+def provenance_to_json(p: Provenance) -> str:
+    return _dump(provenance_json(p))
+
+
+def provenance_of(raw: dict[str, Any]) -> Provenance:
+    built_at = raw.get("built_at")
+    return Provenance(
+        build_id=_opt_str(raw.get("build_id")),
+        built_at=float(built_at) if built_at is not None else None,
+        build_count=int(raw.get("build_count", 1)),
+        source={str(k): str(v) for k, v in (raw.get("source") or {}).items()},
+        steps=int(raw.get("steps", 0)),
+        cache=tuple(CacheEntry(str(e.get("key")), tuple(str(x) for x in e.get("layers") or ()))
+                    for e in raw.get("cache") or () if isinstance(e, dict)),
+        layer=_opt_str(raw.get("layer")),
+        files=_strs(raw.get("files")),
+        tags=_strs(raw.get("tags")),
+        shell=_opt_str(raw.get("shell")),
+        pulled=bool(raw.get("pulled", False)),
+        diff_ids=_strs(raw.get("diff_ids")),
+        entrypoint=_strs(raw.get("entrypoint")),
+        cmd=_strs(raw.get("cmd")),
+    )
+
+
+def _strs(value: object) -> tuple[str, ...]:
+    return tuple(str(x) for x in value) if isinstance(value, list | tuple) else ()
 
 
 def load(text: str | None) -> dict[str, Any]:

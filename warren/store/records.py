@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
 
 
 class OnTimeout(enum.StrEnum):
@@ -90,6 +89,38 @@ class SandboxRecord:
 
 
 @dataclass(frozen=True)
+class CacheEntry:
+    """One step-prefix cache key of a build and the layers that prefix made."""
+
+    key: str
+    layers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """How a template was made: by a build (steps, cache keys, its own layer, upload hashes), an image
+    pull (the image's digests, entrypoint and cmd), or an import (nothing but a stable build id)."""
+
+    build_id: str | None = None
+    built_at: float | None = None
+    build_count: int = 1
+    source: dict[str, str] = field(default_factory=dict)
+    """Where the base came from: ``{"template": name}`` or ``{"image": ref, "digest": ..., "config": ...}``."""
+    steps: int = 0
+    cache: tuple[CacheEntry, ...] = ()
+    layer: str | None = None
+    """The layer this build sealed (None: every step came from the cache, or not a build)."""
+    files: tuple[str, ...] = ()
+    """Hashes of the uploads its COPY steps used (kept while the template exists)."""
+    tags: tuple[str, ...] = ()
+    shell: str | None = None
+    pulled: bool = False
+    diff_ids: tuple[str, ...] = ()
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class TemplateRecord:
     id: str
     name: str
@@ -104,5 +135,5 @@ class TemplateRecord:
     memory_mb: int
     disk_mb: int
     created_at: float
-    build: dict[str, Any] = field(default_factory=dict)
+    build: Provenance = field(default_factory=lambda: Provenance())
     """How the template was made (``warren.templates.build``): build id, source, cache keys, own layers."""

@@ -12,7 +12,7 @@ from .records import SandboxRecord, TemplateRecord
 
 _SANDBOX_COLS = [f.name for f in dataclasses.fields(SandboxRecord)]
 _TEMPLATE_COLS = [f.name for f in dataclasses.fields(TemplateRecord)]
-_JSON_TEMPLATE = {"layers", "env", "build"}
+_JSON_TEMPLATE = {"layers", "env"}
 
 
 def _sandbox(row: sqlite3.Row) -> SandboxRecord:
@@ -55,6 +55,7 @@ def _sandbox_params(rec: SandboxRecord) -> list[object]:
 def _template(row: sqlite3.Row) -> TemplateRecord:
     values = {c: (json.loads(row[c]) if c in _JSON_TEMPLATE else row[c]) for c in _TEMPLATE_COLS}
     values["layers"] = tuple(values["layers"])
+    values["build"] = codec.provenance_of(codec.load(row["build"]))
     return TemplateRecord(**values)
 
 
@@ -64,6 +65,8 @@ def _template_params(rec: TemplateRecord) -> list[object]:
         v = getattr(rec, c)
         if c in _JSON_TEMPLATE:
             v = json.dumps(list(v) if isinstance(v, tuple) else v, sort_keys=True)
+        elif c == "build":
+            v = codec.provenance_to_json(rec.build)
         out.append(v)
     return out
 

@@ -193,7 +193,7 @@ class BuildService:
         if build is not None and build.template_id == template_id:
             return build.log
         record = await self._templates.find(template_id)
-        if record is not None and record.build.get("build_id") == build_id:
+        if record is not None and record.build.build_id == build_id:
             done = BuildLog(clock=self._clock)
             done.status = BuildStatus.READY
             return done

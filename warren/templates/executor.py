@@ -25,7 +25,7 @@ from typing import Any
 from warren.errors import WarrenError
 from warren.images import parse_reference
 from warren.runtime.base import Runtime
-from warren.store import TemplateRecord, TemplateRepo
+from warren.store import CacheEntry, TemplateRecord, TemplateRepo
 from warren.templates._fs import remove_tree
 from warren.templates.layers import Layers
 from warren.templates.model import BASE_STEP, FINALIZE_STEP, Build, BuildFailed
@@ -112,9 +112,9 @@ class Executor:
                 hit = cache_search(keys, req.first_forced, cache.get)
             start, lower = hit if hit is not None else (0, base.parents)
             self._layers.pin(lower, pinned)
-            entries: list[dict[str, Any]] = []
+            entries: list[CacheEntry] = []
             if hit is not None:
-                entries.append({"key": keys[start], "layers": list(lower)})
+                entries.append(CacheEntry(keys[start], tuple(lower)))
                 for step in req.steps[:start]:
                     logbook.add(f"CACHED [{step.name}/{len(req.steps)}] {step.describe()}", step=step.name)
             todo = req.steps[start:]
@@ -128,7 +128,7 @@ class Executor:
                 new_layer, shell = await self._build_layer(build, req, lower, meta, todo, provision,
                                                            keys[seal_at], pinned)  # fmt: skip
                 layers = (*lower, str(new_layer))
-                entries.append({"key": keys[seal_at], "layers": list(layers)})
+                entries.append(CacheEntry(keys[seal_at], tuple(layers)))
             else:
                 for step in todo:
                     logbook.add(f"[{step.name}/{len(req.steps)}] {step.describe()}", step=step.name)
@@ -213,7 +213,7 @@ class Executor:
         req: BuildRequest,
         base: Base,
         layers: Sequence[str],
-        cache: list[dict[str, Any]],
+        cache: list[CacheEntry],
         new_layer: Path | None,
         shell: str | None,
     ) -> Built:

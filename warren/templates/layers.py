@@ -97,10 +97,9 @@ class Layers:
         def index() -> dict[str, tuple[str, ...]]:
             out: dict[str, tuple[str, ...]] = {}
             for record in records:
-                for entry in record.build.get("cache", ()):
-                    layers = tuple(entry.get("layers", ()))
-                    if layers and all(Path(p).is_dir() for p in layers):
-                        out.setdefault(str(entry.get("key")), layers)
+                for entry in record.build.cache:
+                    if entry.layers and all(Path(p).is_dir() for p in entry.layers):
+                        out.setdefault(entry.key, entry.layers)
             return out
 
         return await asyncio.to_thread(index)
@@ -128,7 +127,7 @@ class Layers:
             diff_ids = {f"sha256:{Path(p).name}" for p in used if Path(p).parent == store_dir}
             for gone in await asyncio.to_thread(self._image_store.gc, diff_ids):
                 removed.append(str(self._image_store.root / gone))
-            keep = {h for r in records for h in r.build.get("files", ())} | set(self._uploads_in_use())
+            keep = {h for r in records for h in r.build.files} | set(self._uploads_in_use())
             await asyncio.to_thread(self._uploads.gc, keep)
         if removed:
             log.info("removed unused layers: %s", ", ".join(removed))

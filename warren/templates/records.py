@@ -16,7 +16,7 @@ from warren.errors import InvalidRequestError
 from warren.ids import new_template_id
 from warren.images import PulledImage
 from warren.runtime.base import RuntimeKind
-from warren.store import TemplateRecord
+from warren.store import CacheEntry, Provenance, TemplateRecord
 from warren.templates.model import DEFAULT_CPU, DEFAULT_DISK_MB, DEFAULT_MEMORY_MB, Build
 from warren.templates.steps import ROOT, BuildRequest, Metadata, account_name, env_from_image
 
@@ -59,7 +59,7 @@ def built_record(
     source: Mapping[str, Any],
     layers: Sequence[str],
     meta: Metadata,
-    cache: list[dict[str, Any]],
+    cache: Sequence[CacheEntry],
     new_layer: Path | None,
     shell: str | None,
     now: float,
@@ -79,18 +79,18 @@ def built_record(
         memory_mb=build.memory_mb,
         disk_mb=previous.disk_mb if previous else DEFAULT_DISK_MB,
         created_at=previous.created_at if previous else now,
-        build={
-            "build_id": build.build_id,
-            "built_at": now,
-            "source": dict(source),
-            "steps": len(req.steps),
-            "cache": cache,
-            "layer": str(new_layer) if new_layer else None,
-            "files": sorted(build.files),
-            "tags": list(build.tags),
-            "shell": shell,
-            "build_count": int(previous.build.get("build_count", 1)) + 1 if previous else 1,
-        },
+        build=Provenance(
+            build_id=build.build_id,
+            built_at=now,
+            build_count=previous.build.build_count + 1 if previous else 1,
+            source={str(k): str(v) for k, v in source.items()},
+            steps=len(req.steps),
+            cache=tuple(cache),
+            layer=str(new_layer) if new_layer else None,
+            files=tuple(sorted(build.files)),
+            tags=tuple(build.tags),
+            shell=shell,
+        ),
     )
 
 
@@ -110,14 +110,14 @@ def pulled_record(pulled: PulledImage, name: str, runtime: str, now: float) -> T
         memory_mb=DEFAULT_MEMORY_MB,
         disk_mb=DEFAULT_DISK_MB,
         created_at=now,
-        build={
-            "build_id": str(uuid.uuid4()),
-            "source": {"image": pulled.reference, "digest": pulled.digest, "config": pulled.config_digest},
-            "diff_ids": list(pulled.diff_ids),
-            "entrypoint": list(pulled.entrypoint),
-            "cmd": list(pulled.cmd),
-            "pulled": True,
-        },
+        build=Provenance(
+            build_id=str(uuid.uuid4()),
+            source={"image": pulled.reference, "digest": pulled.digest, "config": pulled.config_digest},
+            pulled=True,
+            diff_ids=tuple(pulled.diff_ids),
+            entrypoint=tuple(pulled.entrypoint),
+            cmd=tuple(pulled.cmd),
+        ),
     )
 
 

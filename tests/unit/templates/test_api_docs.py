@@ -6,7 +6,7 @@ from e2b.api.client.models import Template, TemplateWithBuilds
 
 from warren.api.openapi import OPENAPI
 from warren.api.routes import images, templates
-from warren.store import TemplateRecord
+from warren.store import Provenance, TemplateRecord
 
 
 def test_openapi_covers_template_and_image_routes() -> None:
@@ -20,7 +20,7 @@ def test_openapi_covers_template_and_image_routes() -> None:
 
 def test_template_bodies_parse_with_the_sdk_models() -> None:
     rec = TemplateRecord("t1", "web", "runc", ("/l/1",), {"A": "1"}, "/app", "user", "serve", "true", 2, 512, 2048,
-                         1_700_000_000.0, {"build_id": "6f1f7c1e-5d2b-4a53-9d5e-2b8c8f0c1a11", "build_count": 3})
+                         1_700_000_000.0, Provenance(build_id="6f1f7c1e-5d2b-4a53-9d5e-2b8c8f0c1a11", build_count=3))
     listed = Template.from_dict(templates.template_body(rec))
     assert listed.template_id == "t1" and listed.names == ["web"] and listed.build_count == 3
     detail = TemplateWithBuilds.from_dict(templates.detail_body(rec, []))

@@ -17,7 +17,7 @@ from starlette.routing import Route
 
 from ...errors import InvalidRequestError, NotFoundError, PayloadTooLargeError, UnavailableError
 from ...ints import parse_optional_int
-from ...store import TemplateRecord
+from ...store import TemplateRecord, provenance_json
 from ...templates.build import Build, BuildService
 from ...templates.buildlog import rfc3339
 from ...templates.steps import parse_build_request
@@ -53,15 +53,15 @@ def detail_body(rec: TemplateRecord, builds: list[Build]) -> dict[str, Any]:
     current = {
         "buildID": build_id_of(rec),
         "status": "ready",
-        "createdAt": rfc3339(float(rec.build.get("built_at") or rec.created_at)),
-        "updatedAt": rfc3339(float(rec.build.get("built_at") or rec.created_at)),
+        "createdAt": rfc3339(rec.build.built_at or rec.created_at),
+        "updatedAt": rfc3339(rec.build.built_at or rec.created_at),
         "cpuCount": rec.cpu_count,
         "memoryMB": rec.memory_mb,
         "diskSizeMB": rec.disk_mb,
         "envdVersion": ENVD_VERSION,
     }
     others = [_build_body(b) for b in builds if b.build_id != current["buildID"]]
-    return {**template_body(rec), "builds": [current, *others], "build": rec.build}
+    return {**template_body(rec), "builds": [current, *others], "build": provenance_json(rec.build)}
 
 
 async def request_build(request: Request) -> Response:
