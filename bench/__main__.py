@@ -16,6 +16,8 @@ a section that fails records ``{"error": ...}`` and the others still run:
   hardening on vs off (``WARREN_HARDENING``), interleaved; the idmapped-mount step alone.
 * ``disk`` (bench/disk.py): runc create-to-first-command on two nodes, per-sandbox disk sizes enforced
   vs not (``WARREN_DISK_QUOTA``), interleaved; the disk steps alone (template copy vs mkfs per sandbox).
+* ``throughput`` (bench/throughput.py): sustained creates/s from a warm pool at 4 and 8 concurrent
+  clients, the pool's refill rate alone, and the claim rate alone (pool cannot refill).
 
 ``leftovers`` lists anything the benchmark's nodes left on the host (it should be empty). Numbers
 are wall-clock on a possibly shared host: ``machine.loadavg_*`` says how busy it was.
@@ -46,8 +48,9 @@ TARGETS = {
     "hardening_pause_on_vs_off_p50_ratio": "<= 1.1",
     "hardening_resume_on_vs_off_p50_ratio": "<= 1.1",
     "disk_create_to_first_command_on_vs_off_p50_ratio": "<= 1.1",
+    "warm_pool_creates_per_s": ">= 30",
 }
-SECTIONS = ("sandboxes", "templates", "lifecycle", "node", "hardening", "disk")
+SECTIONS = ("sandboxes", "templates", "lifecycle", "node", "hardening", "disk", "throughput")
 
 
 def _machine() -> dict[str, Any]:
@@ -141,6 +144,10 @@ def main() -> None:
             from bench.disk import run_disk
 
             results["disk"] = section(lambda: run_disk(work / "disk", scale))
+        if "throughput" in only:
+            from bench.throughput import run_throughput
+
+            results["throughput"] = section(lambda: run_throughput(work / "throughput", runsc, scale))
         cleanup_bare_cgroups()
         report["leftovers"] = leftovers(work, baseline)
         if report["leftovers"]:
