@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
+import warren.runtime.net.manager as manager_module
 from tests.framework.agent import wait_for_health
 from tests.framework.runtime import TEST_NET_CONFIG, SandboxFactory, exec_in
 from warren.runtime.net.manager import NetworkManager
@@ -138,6 +139,37 @@ async def test_pool_skips_a_slot_whose_veth_still_exists(test_network: NetworkMa
         try:
             assert second.slot == first.slot + 2
             assert link_exists(second.host_if)
+        finally:
+            await test_network.destroy(second)
+    finally:
+        _ip("link", "del", squatter)
+
+
+async def test_a_slot_taken_between_look_and_add_is_left_to_its_owner(
+    test_network: NetworkManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two nodes on one host: the other one adds the veth of the slot we picked after we looked. We
+    must move on to the next slot and never delete the other node's veth (the race is forced by
+    making the first look miss the squatter)."""
+    first = await test_network.create("racecheck1")
+    await test_network.destroy(first)
+    squatter = f"{TEST_NET_CONFIG.veth_prefix}{first.slot + 1}"
+    _ip("link", "add", squatter, "type", "veth", "peer", "name", f"sq{secrets.token_hex(3)}")
+    looks = {"missed": False}
+    real = manager_module.link_exists
+
+    def blind_once(name: str) -> bool:
+        if name == squatter and not looks["missed"]:
+            looks["missed"] = True
+            return False
+        return real(name)
+
+    monkeypatch.setattr(manager_module, "link_exists", blind_once)
+    try:
+        second = await test_network.create("racecheck2")
+        try:
+            assert looks["missed"] and second.slot != first.slot + 1
+            assert real(squatter), "the other process's veth was deleted"
         finally:
             await test_network.destroy(second)
     finally:

@@ -98,6 +98,13 @@ def host_nameservers(resolv_conf: Path) -> list[str]:
     return servers
 
 
+_SLOT_RACE_RETRIES = 8
+
+
+class _SlotTaken(Exception):
+    """Another process added the veth of the slot we picked after we looked (see ``create``)."""
+
+
 class NetworkManager:
     """Creates and destroys per-sandbox network namespaces; owns the nft table and the pool."""
 
@@ -128,7 +135,18 @@ class NetworkManager:
         await self.nat.teardown()
 
     async def create(self, sandbox_id: str, *, allow_internet: bool = True) -> SandboxNetwork:
-        """A fresh namespace + veth for ``sandbox_id``. Undoes its own partial work on failure."""
+        """A fresh namespace + veth for ``sandbox_id``. Undoes its own partial work on failure.
+
+        A slot whose veth another process (a second node on the host) added between our look and our
+        ``link add`` is left to that process, and the next free slot is tried."""
+        for _ in range(_SLOT_RACE_RETRIES):
+            try:
+                return await self._create_in_slot(sandbox_id, allow_internet)
+            except _SlotTaken:
+                continue
+        return await self._create_in_slot(sandbox_id, allow_internet, last_try=True)
+
+    async def _create_in_slot(self, sandbox_id: str, allow_internet: bool, *, last_try: bool = False) -> SandboxNetwork:
         slot = self.pool.allocate(busy=lambda i: link_exists(self._ifname(i)))
         net = SandboxNetwork(
             sandbox_id=sandbox_id,
@@ -144,17 +162,27 @@ class NetworkManager:
             if not allow_internet:
                 await self.nat.block_internet(net.host_if)  # before the link exists: no window
             await create_netns(net.netns, net.host_if, net.host_ip, net.guest_ip, net.prefixlen)
+        except RuntimeFailure as exc:
+            if last_try or "File exists" not in str(exc) or not link_exists(net.host_if):
+                await self._undo(net, sandbox_id)
+                raise
+            # Not ours: remove only our namespace and nft element, never the other process's veth.
+            await self._undo(net, sandbox_id, keep_veth=True)
+            raise _SlotTaken from exc
         except BaseException:
-            try:
-                await self.destroy(net)
-            except Exception:
-                _log.exception("cleanup of half-made network for %s failed", sandbox_id)
+            await self._undo(net, sandbox_id)
             raise
         return net
 
-    async def destroy(self, net: SandboxNetwork) -> None:
+    async def _undo(self, net: SandboxNetwork, sandbox_id: str, *, keep_veth: bool = False) -> None:
+        try:
+            await self.destroy(net, keep_veth=keep_veth)
+        except Exception:
+            _log.exception("cleanup of half-made network for %s failed", sandbox_id)
+
+    async def destroy(self, net: SandboxNetwork, *, keep_veth: bool = False) -> None:
         """Remove the veth, the namespace and the nft element; free the slot. Idempotent."""
-        await delete_netns(net.netns, net.host_if)
+        await delete_netns(net.netns, None if keep_veth else net.host_if)
         if not net.allow_internet:
             await self.nat.unblock_internet(net.host_if)
         self.pool.release(net.slot)
