@@ -13,8 +13,11 @@ Usage::
 
 Pausing: ``PauseMode.MEMORY`` is the freezer on runc (same address after resume) and a checkpoint to
 ``sandboxes/<id>/checkpoint/`` on gVisor (the restore gets a fresh netns, so the address changes; a
-failed checkpoint destroys the sandbox, guest-agent-notes B3). ``PauseMode.FILESYSTEM`` ends every
-process and keeps the upper dir; resume starts the agent afresh. The on-disk layout is described in
+failed checkpoint destroys the sandbox, guest-agent-notes B3). A gVisor pause answers once the image
+is written; the release of the stopped container, its cgroups, mount and netns then runs in a task the
+backend owns (:mod:`warren.runtime.oci.releases`), and resume, snapshot and stop of that sandbox wait
+for it. ``PauseMode.FILESYSTEM`` ends every process and keeps the upper dir; resume starts the agent
+afresh. The on-disk layout is described in
 :mod:`warren.runtime.oci.layout`.
 
 Snapshots (:meth:`OciRuntime.snapshot`, :meth:`OciRuntime.restore`; format in
@@ -249,6 +252,9 @@ class OciRuntime(OciBackendBase):
         gVisor refuses to checkpoint while any TCP connection is established (B3): close the proxy's
         and the node's connections to the agent first. A failed checkpoint kills the sandbox; its
         network and container are then removed and ``RuntimeFailure`` is raised (``state()`` is None).
+        A checkpoint that succeeded returns at once: ``runsc delete`` (which waits until the stopped
+        sandbox process is reaped), the mount, cgroups and netns are released in the background, and a
+        failure there is logged and retried by the sandbox's next resume, snapshot or stop.
         """
         paths = self.sandbox_paths(sandbox_id)
         async with self._lock(sandbox_id), as_runtime_failure(f"pausing sandbox {sandbox_id}"):
