@@ -59,6 +59,12 @@ class NodeRuntimes:
     def as_mapping(self) -> dict[RuntimeKind, Runtime]:
         return dict(self.backends)
 
+    async def aclose(self) -> None:
+        """Wait for the backends' background work (releases of checkpointed sandboxes): at shutdown,
+        after the last pause."""
+        for backend in self.backends.values():
+            await backend.aclose()
+
 
 async def start_runtimes(settings: Settings, agent_bundle: Path) -> NodeRuntimes:
     """Set up networking (nftables table, ip_forward) and probe every backend; reload their records."""

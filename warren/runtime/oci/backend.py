@@ -26,9 +26,10 @@ from warren.runtime.net.manager import NetworkManager
 from warren.runtime.oci.cli import RuntimeCli
 from warren.runtime.oci.command import run_command
 from warren.runtime.oci.layout import SandboxPaths, SandboxRecord, validate_sandbox_id, write_etc_files
+from warren.runtime.oci.releases import PendingReleases, ReleaseStatistics
 from warren.runtime.oci.snapshots import copy_tree
 from warren.runtime.oci.spec import SANDBOX_OOM_SCORE_ADJ, ConfigInputs, build_config
-from warren.runtime.oci.steps import load_record, read_pid, remove_tree, undo_step
+from warren.runtime.oci.steps import load_record, read_pid, remove_tree, thread_to_end, undo_step
 from warren.runtime.probe import agent_process_limits, pin_oom_score
 from warren.runtime.rootfs import is_mountpoint, mount_overlay, unmount
 from warren.runtime.userns import IdmappedLayers, RangeAllocator, UidRange, from_neutral
@@ -84,6 +85,17 @@ class OciBackendBase:
         self._userns_reason = "" if self._uid_ranges is not None else "not asked for"
         self.disks = disks if disks is not None else SandboxDisks(self.state_dir)
         """Per-sandbox disk size (``sandboxes/<id>/disk``, see :mod:`warren.runtime.disk`); may be shared."""
+        self._releases = PendingReleases()
+        """Releases of checkpointed sandboxes still running after their pause answered (see :meth:`_settle`)."""
+
+    async def aclose(self) -> None:
+        """Wait for the releases still running (node shutdown, after the last pause); cancelled, cancel
+        them: their records name what is left, and the next start's first operation on each finishes it."""
+        await self._releases.aclose()
+
+    def release_statistics(self) -> ReleaseStatistics:
+        """How many releases of paused sandboxes still run, and how many operations wait for one."""
+        return self._releases.statistics()
 
     def _cli_for(self, record: SandboxRecord | None) -> RuntimeCli:
         """The CLI of the runtime a sandbox was made with (seed 003: it never changes under a sandbox)."""
@@ -149,8 +161,9 @@ class OciBackendBase:
             net = await self._network.create(sid, allow_internet=allow_internet)
             undo.push_async_callback(undo_step, "network", self._network.destroy, net)
             record = replace(record, network=net, paused=None)
-            record.save(paths.record)
-            write_etc_files(paths.etc, sid, net.guest_ip, self._network.dns_servers, record.uid_range)
+            await asyncio.to_thread(record.save, paths.record)
+            await asyncio.to_thread(write_etc_files, paths.etc, sid, net.guest_ip, self._network.dns_servers,
+                                    record.uid_range)
             handle = await self._run(paths, record, undo, restore=image)
             undo.pop_all()
         return handle
@@ -178,12 +191,26 @@ class OciBackendBase:
         record = self._records.get(sandbox_id) or load_record(self.sandbox_paths(sandbox_id))
         return record if record is not None and record.kind is self.kind else None
 
-    def _save(self, paths: SandboxPaths, record: SandboxRecord) -> None:
-        record.save(paths.record)
+    async def _save(self, paths: SandboxPaths, record: SandboxRecord) -> None:
+        """Write the record (fsync'd, in a worker thread) and keep it in memory."""
+        await asyncio.to_thread(record.save, paths.record)
         self._records[record.sandbox_id] = record
 
-    async def _save_async(self, paths: SandboxPaths, record: SandboxRecord) -> None:
-        self._save(paths, record)
+    def _release_pending(self, record: SandboxRecord) -> bool:
+        """Whether the record names a release not yet done: checkpointed (paused, not frozen) while it
+        still has a network. Set by a gVisor memory pause, cleared by :meth:`_release`."""
+        return record.paused is not None and not self._freezes(record.paused) and record.network is not None
+
+    async def _settle(self, sandbox_id: str) -> SandboxRecord | None:
+        """Under the sandbox lock, before anything else touches the sandbox: wait for its pending release
+        and, when its record still names one (that release failed, or the node stopped during it), run
+        it here (raising ``RuntimeFailure`` if it fails again). Returns the record, as :meth:`_record`."""
+        await self._releases.wait(sandbox_id)
+        record = self._record(sandbox_id)
+        if record is not None and record.paused is not None and self._release_pending(record):
+            await self._release(record, self.sandbox_paths(sandbox_id), paused=record.paused)
+            record = self._record(sandbox_id)
+        return record
 
     async def _launch(self, spec: SandboxSpec, paths: SandboxPaths, undo: contextlib.AsyncExitStack,
                       *, restore: Path | None, uid_range: UidRange | None) -> SandboxHandle:
@@ -193,8 +220,8 @@ class OciBackendBase:
         undo.push_async_callback(undo_step, "network", self._network.destroy, net)
         binary = str(spec.runtime_binary) if spec.runtime_binary else None
         record = SandboxRecord(sid, self.kind, spec.resources, net, binary=binary, uid_range=uid_range)
-        record.save(paths.record)
-        if not is_mountpoint(paths.rootfs):
+        await asyncio.to_thread(record.save, paths.record)
+        if not await asyncio.to_thread(is_mountpoint, paths.rootfs):
             layers = [Path(p) for p in spec.layers]
             if not layers:
                 paths.empty_lower.mkdir(exist_ok=True)
@@ -202,8 +229,7 @@ class OciBackendBase:
             # The undo goes first: a cancellation while the worker thread mounts must still unmount.
             undo.push_async_callback(undo_step, "overlay", self._unmount, paths.rootfs)
             await asyncio.to_thread(self._mount_rootfs, layers, paths, uid_range)
-        config = build_config(self._config_inputs(spec, paths, record))
-        (paths.bundle / "config.json").write_text(json.dumps(config, indent=1))
+        await asyncio.to_thread(self._write_bundle, spec, paths, record)
         return await self._run(paths, record, undo, restore=restore)
 
     async def _run(self, paths: SandboxPaths, record: SandboxRecord, undo: contextlib.AsyncExitStack,
@@ -249,6 +275,11 @@ class OciBackendBase:
         return {"mode": "per-sandbox", "range_size": 65536, "base": self._uid_ranges.base,
                 "in_use": self._uid_ranges.in_use()}
 
+    def _write_bundle(self, spec: SandboxSpec, paths: SandboxPaths, record: SandboxRecord) -> None:
+        """``/etc`` files and ``config.json`` (blocking file work: run it in a worker thread)."""
+        config = build_config(self._config_inputs(spec, paths, record))
+        (paths.bundle / "config.json").write_text(json.dumps(config, indent=1))
+
     def _config_inputs(self, spec: SandboxSpec, paths: SandboxPaths, record: SandboxRecord) -> ConfigInputs:
         assert record.network is not None
         resources = spec.resources
@@ -280,10 +311,10 @@ class OciBackendBase:
         await self._remove_cgroups(record.sandbox_id)
         if record.network is not None:
             await self._network.destroy(record.network)
-        self._save(paths, replace(record, network=None, paused=paused))
+        await self._save(paths, replace(record, network=None, paused=paused))
 
     async def _unmount(self, target: Path) -> None:
-        unmount(target)
+        await thread_to_end(unmount, target)
 
     async def _remove_cgroups(self, sandbox_id: str) -> None:
         left = await asyncio.to_thread(self._cgroups.remove, self._cgroup_rel(sandbox_id))
@@ -292,14 +323,7 @@ class OciBackendBase:
 
     async def _make_disk(self, root: Path, size_mb: int) -> None:
         """``disks.create`` in a thread; a cancellation waits for the thread so that the undo sees its mount."""
-        made = asyncio.ensure_future(asyncio.to_thread(self.disks.create, root, size_mb))
-        try:
-            await asyncio.shield(made)
-        except asyncio.CancelledError:
-            await asyncio.wait([made])
-            if not made.cancelled():
-                made.exception()  # retrieved: the caller sees the cancellation
-            raise
+        await thread_to_end(self.disks.create, root, size_mb)
 
     async def _release_disk(self, root: Path) -> None:
         await asyncio.to_thread(self.disks.release, root)

@@ -13,8 +13,11 @@ Usage::
 
 Pausing: ``PauseMode.MEMORY`` is the freezer on runc (same address after resume) and a checkpoint to
 ``sandboxes/<id>/checkpoint/`` on gVisor (the restore gets a fresh netns, so the address changes; a
-failed checkpoint destroys the sandbox, guest-agent-notes B3). ``PauseMode.FILESYSTEM`` ends every
-process and keeps the upper dir; resume starts the agent afresh. The on-disk layout is described in
+failed checkpoint destroys the sandbox, guest-agent-notes B3). A gVisor pause answers once the image
+is written; the release of the stopped container, its cgroups, mount and netns then runs in a task the
+backend owns (:mod:`warren.runtime.oci.releases`), and resume, snapshot and stop of that sandbox wait
+for it. ``PauseMode.FILESYSTEM`` ends every process and keeps the upper dir; resume starts the agent
+afresh. The on-disk layout is described in
 :mod:`warren.runtime.oci.layout`.
 
 Snapshots (:meth:`OciRuntime.snapshot`, :meth:`OciRuntime.restore`; format in
@@ -30,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import os
 import time
@@ -187,6 +191,7 @@ class OciRuntime(OciBackendBase):
         except InvalidRequestError:
             return  # such a sandbox cannot exist
         async with self._lock(sandbox_id):
+            await self._releases.wait(sandbox_id)  # then every step below finds what it left, if anything
             record = self._records.get(sandbox_id) or load_record(paths)
             if record is not None and record.kind is not self.kind:
                 return  # the other backend's sandbox (they share the sandboxes dir): not ours to touch
@@ -252,6 +257,9 @@ class OciRuntime(OciBackendBase):
         gVisor refuses to checkpoint while any TCP connection is established (B3): close the proxy's
         and the node's connections to the agent first. A failed checkpoint kills the sandbox; its
         network and container are then removed and ``RuntimeFailure`` is raised (``state()`` is None).
+        A checkpoint that succeeded returns at once: ``runsc delete`` (which waits until the stopped
+        sandbox process is reaped), the mount, cgroups and netns are released in the background, and a
+        failure there is logged and retried by the sandbox's next resume, snapshot or stop.
         """
         paths = self.sandbox_paths(sandbox_id)
         async with self._lock(sandbox_id), as_runtime_failure(f"pausing sandbox {sandbox_id}"):
@@ -271,12 +279,16 @@ class OciRuntime(OciBackendBase):
                     if await self.state(sandbox_id) != "running":
                         await self._release(record, paths, paused=None)
                     raise
-                await self._release(record, paths, paused=mode)
+                # The processes are gone and the image is written: the pause is done. The record says
+                # the release is pending (paused, network still set) until the release clears it.
+                record = replace(record, paused=mode)
+                await self._save(paths, record)
+                await self._releases.start(sandbox_id, functools.partial(self._release, record, paths, paused=mode))
                 return
             else:
                 await self._release(record, paths, paused=mode)
                 return
-            self._save(paths, replace(record, paused=mode))
+            await self._save(paths, replace(record, paused=mode))
 
     async def resume(self, spec: SandboxSpec, mode: PauseMode) -> SandboxHandle:
         """Undo :meth:`pause`. After a checkpoint or a FILESYSTEM pause the sandbox gets a fresh netns,
@@ -284,7 +296,7 @@ class OciRuntime(OciBackendBase):
         sid = spec.sandbox_id
         paths = self.sandbox_paths(sid)
         async with self._lock(sid), as_runtime_failure(f"resuming sandbox {sid}"):
-            record = self._record(sid)
+            record = await self._settle(sid)
             if record is None:
                 raise NotFoundError(f"no sandbox {sid} on this node")
             if record.paused is None:
@@ -293,11 +305,11 @@ class OciRuntime(OciBackendBase):
                 _log.warning("resuming %s as %s, the mode it was paused with (asked: %s)", sid, record.paused, mode)
             if self._freezes(record.paused) and record.network is not None:
                 await run_command(self._cli_of(sid).argv("resume", sid), timeout=CLI_TIMEOUT)
-                self._save(paths, replace(record, paused=None))
+                await self._save(paths, replace(record, paused=None))
                 return SandboxHandle(sid, self.kind, record.network.guest_ip, AGENT_PORT, read_pid(paths.pid_file))
             restore = paths.checkpoint if record.paused is PauseMode.MEMORY else None
             async with contextlib.AsyncExitStack() as undo:
-                undo.push_async_callback(undo_step, "record", self._save_async, paths, record)
+                undo.push_async_callback(undo_step, "record", self._save, paths, record)
                 handle = await self._launch(spec, paths, undo, restore=restore, uid_range=record.uid_range)
                 undo.pop_all()
             if restore is not None:
@@ -310,7 +322,7 @@ class OciRuntime(OciBackendBase):
         a cancellation kills (:mod:`warren.treecopy`) when ``dest`` is on another filesystem."""
         paths = self.sandbox_paths(sandbox_id)
         async with self._lock(sandbox_id):
-            record = self._record(sandbox_id)
+            record = await self._settle(sandbox_id)
             if record is None:
                 raise NotFoundError(f"no sandbox {sandbox_id} on this node")
             if record.network is not None:
@@ -319,7 +331,7 @@ class OciRuntime(OciBackendBase):
             if rng is not None:
                 await asyncio.to_thread(shift_owner, paths.upper, -rng.host, -rng.host,
                                         within=range(rng.host, rng.host + rng.size))
-                self._save(paths, replace(record, uid_range=None))
+                await self._save(paths, replace(record, uid_range=None))
                 self._release_range(rng)
             if await asyncio.to_thread(os.path.lexists, dest):
                 raise InvalidRequestError(f"cannot export {sandbox_id} to {dest}: it exists")
@@ -357,7 +369,7 @@ class OciRuntime(OciBackendBase):
         paths = self.sandbox_paths(sandbox_id)
         dest = check_empty_dir(dest)
         async with self._lock(sandbox_id), as_runtime_failure(f"snapshotting sandbox {sandbox_id}"):
-            record = self._record(sandbox_id)
+            record = await self._settle(sandbox_id)
             if record is None:
                 raise NotFoundError(f"no sandbox {sandbox_id} on this node")
             started = time.monotonic()
@@ -437,7 +449,7 @@ class OciRuntime(OciBackendBase):
             await self._cli_of(sid).delete(sid)
             await self._remove_cgroups(sid)
             await self._network.destroy(net)
-            self._save(paths, record)
+            await self._save(paths, record)
             try:
                 took = await copy_tree(paths.upper, dest / UPPER)
             except BaseException as exc:  # a failure or a cancellation: restore the source, then raise it

@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from warren import trees
 from warren.errors import RuntimeFailure, WarrenError
 from warren.runtime.oci.layout import SandboxPaths, SandboxRecord
 from warren.runtime.rootfs import mounts_under
 
-__all__ = ["as_runtime_failure", "load_record", "read_pid", "remove_tree", "set_aside_unreadable", "undo_step"]
+__all__ = [
+    "as_runtime_failure",
+    "load_record",
+    "read_pid",
+    "remove_tree",
+    "set_aside_unreadable",
+    "thread_to_end",
+    "undo_step",
+]
+
+T = TypeVar("T")
 
 _log = logging.getLogger(__name__)
 
@@ -25,6 +36,19 @@ async def undo_step(what: str, fn: Callable[..., Awaitable[None]], *args: Any) -
         await fn(*args)
     except Exception:
         _log.exception("undo of %s after a failed operation failed", what)
+
+
+async def thread_to_end(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a worker thread that a cancellation does not outrun: a cancelled caller waits for
+    the thread to end before the cancellation goes on, so the next step (an undo) sees its effect."""
+    work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        await asyncio.wait([work])
+        if not work.cancelled():
+            work.exception()  # retrieved: the caller sees the cancellation
+        raise
 
 
 def remove_tree(root: Path) -> None:
