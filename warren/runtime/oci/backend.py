@@ -22,8 +22,9 @@ from warren.runtime.agent_bundle import AGENT_ARGV, agent_environment
 from warren.runtime.base import AGENT_PORT, PauseMode, RuntimeKind, SandboxHandle, SandboxSpec
 from warren.runtime.cgroups import CgroupHierarchies
 from warren.runtime.disk import SandboxDisks
+from warren.runtime.freezer import freezer_of
 from warren.runtime.net.manager import NetworkManager
-from warren.runtime.oci.cli import RuntimeCli
+from warren.runtime.oci.cli import CLI_TIMEOUT, RuntimeCli
 from warren.runtime.oci.command import run_command
 from warren.runtime.oci.layout import SandboxPaths, SandboxRecord, validate_sandbox_id, write_etc_files
 from warren.runtime.oci.releases import PendingReleases, ReleaseStatistics
@@ -185,6 +186,28 @@ class OciBackendBase:
 
     def _cgroup_rel(self, sandbox_id: str) -> str:
         return f"{self.cgroup_parent}/{sandbox_id}"
+
+    async def _freeze(self, sandbox_id: str) -> None:
+        """``runc pause``, done as runc does it but without starting runc (:mod:`warren.runtime.freezer`)."""
+        freezer = await asyncio.to_thread(freezer_of, self._cgroups, self._cgroup_rel(sandbox_id))
+        if freezer is None:
+            await run_command(self._cli_of(sandbox_id).argv("pause", sandbox_id), timeout=CLI_TIMEOUT)
+            return
+        try:
+            await asyncio.to_thread(freezer.freeze)
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot freeze sandbox {sandbox_id}: {exc}") from exc
+
+    async def _thaw(self, sandbox_id: str) -> None:
+        """``runc resume`` without starting runc."""
+        freezer = await asyncio.to_thread(freezer_of, self._cgroups, self._cgroup_rel(sandbox_id))
+        if freezer is None:
+            await run_command(self._cli_of(sandbox_id).argv("resume", sandbox_id), timeout=CLI_TIMEOUT)
+            return
+        try:
+            await asyncio.to_thread(freezer.thaw)
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot thaw sandbox {sandbox_id}: {exc}") from exc
 
     def _record(self, sandbox_id: str) -> SandboxRecord | None:
         """This backend's record of the sandbox (memory, else disk); None if unknown or the other kind's."""
