@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from warren import phases
 from warren.errors import ConflictError, InvalidRequestError, RuntimeFailure, UnavailableError
 from warren.runtime.agent_bundle import AGENT_ARGV, agent_environment
 from warren.runtime.base import AGENT_PORT, PauseMode, RuntimeKind, SandboxHandle, SandboxSpec
@@ -239,7 +240,8 @@ class OciBackendBase:
                       *, restore: Path | None, uid_range: UidRange | None) -> SandboxHandle:
         """Network, overlay (unless mounted), bundle, then ``run`` or ``restore``; undo steps go on ``undo``."""
         sid = spec.sandbox_id
-        net = await self._network.create(sid, allow_internet=spec.allow_internet)
+        with phases.phase("launch.network"):
+            net = await self._network.create(sid, allow_internet=spec.allow_internet)
         undo.push_async_callback(undo_step, "network", self._network.destroy, net)
         binary = str(spec.runtime_binary) if spec.runtime_binary else None
         record = SandboxRecord(sid, self.kind, spec.resources, net, binary=binary, uid_range=uid_range)
@@ -251,9 +253,11 @@ class OciBackendBase:
                 layers = [paths.empty_lower]
             # The undo goes first: a cancellation while the worker thread mounts must still unmount.
             undo.push_async_callback(undo_step, "overlay", self._unmount, paths.rootfs)
-            await asyncio.to_thread(self._mount_rootfs, layers, paths, uid_range)
+            with phases.phase("launch.mount"):
+                await asyncio.to_thread(self._mount_rootfs, layers, paths, uid_range)
         await asyncio.to_thread(self._write_bundle, spec, paths, record)
-        return await self._run(paths, record, undo, restore=restore)
+        with phases.phase("launch.run"):
+            return await self._run(paths, record, undo, restore=restore)
 
     async def _run(self, paths: SandboxPaths, record: SandboxRecord, undo: contextlib.AsyncExitStack,
                    *, restore: Path | None) -> SandboxHandle:

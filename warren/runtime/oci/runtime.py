@@ -297,7 +297,8 @@ class OciRuntime(OciBackendBase):
         sid = spec.sandbox_id
         paths = self.sandbox_paths(sid)
         async with self._lock(sid), as_runtime_failure(f"resuming sandbox {sid}"):
-            record = await self._settle(sid)
+            with phases.phase("runtime.settle"):
+                record = await self._settle(sid)
             if record is None:
                 raise NotFoundError(f"no sandbox {sid} on this node")
             if record.paused is None:
@@ -313,7 +314,8 @@ class OciRuntime(OciBackendBase):
             restore = paths.checkpoint if record.paused is PauseMode.MEMORY else None
             async with contextlib.AsyncExitStack() as undo:
                 undo.push_async_callback(undo_step, "record", self._save, paths, record)
-                handle = await self._launch(spec, paths, undo, restore=restore, uid_range=record.uid_range)
+                with phases.phase("runtime.launch"):
+                    handle = await self._launch(spec, paths, undo, restore=restore, uid_range=record.uid_range)
                 undo.pop_all()
             if restore is not None:
                 await asyncio.to_thread(remove_tree, restore)
