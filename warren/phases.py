@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-__all__ = ["configure", "operation", "phase"]
+__all__ = ["configure", "operation", "phase", "qualify"]
 
 _sink: TextIO | None = None
 _lock = threading.Lock()
@@ -59,8 +59,15 @@ def operation(name: str) -> Iterator[None]:
     try:
         yield
     finally:
-        _emit(name, "total", time.perf_counter() - t0)
+        _emit(_op.get(), "total", time.perf_counter() - t0)
         _op.reset(token)
+
+
+def qualify(detail: str) -> None:
+    """Name the current operation more precisely from here on, including its ``total``: ``pause``
+    becomes ``pause/gvisor`` once the orchestrator knows the sandbox's runtime. Off: a no-op."""
+    if _sink is not None and (op := _op.get()) != "-" and "/" not in op:
+        _op.set(f"{op}/{detail}")
 
 
 @contextlib.contextmanager

@@ -52,3 +52,15 @@ def test_a_phase_outside_any_operation_and_one_that_raises(sink: Path) -> None:
     with pytest.raises(ValueError), phases.phase("alone"):
         raise ValueError
     assert _lines(sink) == [{"op": "-", "phase": "alone", "ms": pytest.approx(0, abs=5)}]
+
+
+async def test_an_operation_qualified_by_what_it_found(sink: Path) -> None:
+    async def resume() -> None:  # the orchestrator, awaited by the route in the same task
+        phases.qualify("gvisor")
+        with phases.phase("runtime.resume"):
+            pass
+
+    with phases.operation("connect"):
+        await resume()
+    assert {(d["op"], d["phase"]) for d in _lines(sink)} == {("connect/gvisor", "runtime.resume"),
+                                                             ("connect/gvisor", "total")}

@@ -89,6 +89,7 @@ class Transitions:
 
     async def pause_locked(self, sandbox: Sandbox, mode: PauseMode) -> None:
         runtime = self._runtimes.of(sandbox.kind)
+        phases.qualify(sandbox.kind.value)
         # The mode is recorded with PAUSING, so a crash mid-pause still knows how to resume.
         sandbox.stage(binding=dataclasses.replace(sandbox.record.binding, pause_mode=mode))
         with phases.phase("save.pausing"):
@@ -116,6 +117,7 @@ class Transitions:
         """Resume; the new ``end_at`` is saved with the RUNNING state (one write, not two)."""
         kind = sandbox.kind
         runtime = self._runtimes.available(kind)
+        phases.qualify(kind.value)
         binding = sandbox.record.binding
         mode = binding.pause_mode or PauseMode.MEMORY
         staged = await self._runtimes.stage(binding.runtime_hash, kind) if binding.runtime_hash else None
