@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import phases
 from ..config import Settings
 from ..errors import InvalidRequestError, NotFoundError, RuntimeFailure
 from ..ids import new_sandbox_id
@@ -133,6 +134,7 @@ class Launcher:
             self._runtimes.available(kind)
             usable = launch.use_pool and source is None and launch.allow_internet
             pooled = self.pool.claim(launch.origin, kind) if usable else None
+            phases.qualify(f"{kind.value}-{'pool' if pooled else 'snapshot' if source else 'cold'}")
             if pooled is not None:
                 try:
                     if launch.origin.start_cmd is None:

@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ... import phases
 from ...errors import InvalidRequestError, WarrenError
 from ..errors import status_for
 from ..models import (
@@ -25,9 +26,10 @@ from ..services import services
 
 async def create(request: Request) -> Response:
     svc = services(request)
-    req = parse_create(parse_json_object(await request.body(), allow_empty=False))
-    record = await svc.manager.create(req)
-    return JSONResponse(sandbox_body(record, svc.settings.domain), status_code=201)
+    with phases.operation("create"):
+        req = parse_create(parse_json_object(await request.body(), allow_empty=False))
+        record = await svc.manager.create(req)
+        return JSONResponse(sandbox_body(record, svc.settings.domain), status_code=201)
 
 
 async def list_sandboxes(request: Request) -> Response:
@@ -60,10 +62,9 @@ async def set_timeout(request: Request) -> Response:
 
 async def connect(request: Request) -> Response:
     svc = services(request)
-    body = parse_json_object(await request.body())
-    record, resumed = await svc.manager.connect(
-        request.path_params["sandbox_id"], optional_int(body, "timeout")
-    )
+    with phases.operation("connect"):
+        body = parse_json_object(await request.body())
+        record, resumed = await svc.manager.connect(request.path_params["sandbox_id"], optional_int(body, "timeout"))
     return JSONResponse(sandbox_body(record, svc.settings.domain), status_code=201 if resumed else 200)
 
 
@@ -95,16 +96,18 @@ def _bool(body: dict[str, object], key: str, default: bool) -> bool:
 
 
 async def pause(request: Request) -> Response:
-    body = parse_json_object(await request.body())
-    await services(request).manager.pause(request.path_params["sandbox_id"], memory=_bool(body, "memory", True))
-    return Response(status_code=204)
+    with phases.operation("pause"):
+        body = parse_json_object(await request.body())
+        await services(request).manager.pause(request.path_params["sandbox_id"], memory=_bool(body, "memory", True))
+        return Response(status_code=204)
 
 
 async def resume(request: Request) -> Response:
     """Deprecated in E2B (``connect`` resumes); kept working."""
     svc = services(request)
-    body = parse_json_object(await request.body())
-    record = await svc.manager.resume(request.path_params["sandbox_id"], optional_int(body, "timeout"))
+    with phases.operation("resume"):
+        body = parse_json_object(await request.body())
+        record = await svc.manager.resume(request.path_params["sandbox_id"], optional_int(body, "timeout"))
     return JSONResponse(sandbox_body(record, svc.settings.domain), status_code=201)
 
 
