@@ -102,4 +102,3 @@ def place(request: PlacementRequest, nodes: Sequence[NodeView], strategy: Strate
             f"every node that can run {request.ref!r} is at its sandbox cap ({len(candidates)} nodes)"
         )
     return strategy.rank(request, free)
-

@@ -75,9 +75,7 @@ class ClusterStore:
 
     # ----- node side ---------------------------------------------------------------------------------
 
-    async def heartbeat(
-        self, info: NodeInfo, roster: Mapping[str, str], *, ttl_s: float, grace_s: float
-    ) -> None:
+    async def heartbeat(self, info: NodeInfo, roster: Mapping[str, str], *, ttl_s: float, grace_s: float) -> None:
         """Register or refresh ``info`` for ``ttl_s``; replace the node's roster and bind its sandboxes."""
         node, alive, roster_key, resv, resv_sid = self._node_keys(info.node_id)
         args: list[Any] = [
