@@ -94,6 +94,18 @@ def kill_all(cluster: Cluster) -> None:
             node.kill_all_sandboxes()
 
 
+def wait_idle(cluster: Cluster, timeout: float = 20.0) -> None:
+    """Until the nodes' heartbeats say no sandbox holds a slot and no reservation is left."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with cluster.gateways[0].client() as c:
+            nodes = [n for n in c.get("/nodes").json() if n["nodeID"] in NODE_IDS]
+        if all(n["activeCount"] == 0 and n["reserved"] == 0 for n in nodes):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"nodes not idle: {nodes}")
+
+
 def test_nodes_register_with_their_capacity_and_runtimes(cluster: Cluster) -> None:
     for gw in cluster.gateways:
         with gw.client() as c:
@@ -173,6 +185,7 @@ def test_fifty_concurrent_creates_through_both_gateways_never_exceed_a_nodes_cap
             for c in clients:
                 await c.aclose()
 
+    wait_idle(cluster)  # the previous test's kills are in the nodes' heartbeats
     try:
         answers = asyncio.run(burst())
         statuses = Counter(a.status_code for a in answers)
