@@ -293,3 +293,57 @@ def test_a_sigkilled_node_is_dead_after_its_ttl_and_its_running_sandboxes_are_lo
         victim.start()  # re-adopts (or reaps) what the SIGKILL left behind
         cluster.wait_nodes({victim_id: "ready"})
         kill_all(cluster)
+
+
+def test_snapshot_fork_and_metrics_through_the_gateways(cluster: Cluster) -> None:
+    gw0, gw1 = cluster.gateways
+    sbx = Sandbox.create(template="base", timeout=300, **gw0.sdk())
+    made: list[str] = []
+    try:
+        sbx.files.write("/home/user/snap.txt", "in-snapshot")
+        info = sbx.create_snapshot()
+        child = Sandbox.create(template=info.snapshot_id, timeout=120, **gw1.sdk())
+        made.append(child.sandbox_id)
+        assert child.files.read("/home/user/snap.txt") == "in-snapshot"
+        assert node_of(cluster, child.sandbox_id) == node_of(cluster, sbx.sandbox_id)  # where the snapshot is
+        forks = [b for b in sbx.fork(count=2) if isinstance(b, Sandbox)]
+        made += [b.sandbox_id for b in forks]
+        assert len(forks) == 2
+        again = Sandbox.connect(forks[0].sandbox_id, **gw1.sdk())
+        assert again.files.read("/home/user/snap.txt") == "in-snapshot"
+        assert sbx.get_metrics() is not None
+        assert any(s.snapshot_id == info.snapshot_id for s in Sandbox.list_snapshots(**gw1.sdk()).next_items())
+        for box in made:
+            Sandbox.kill(box, **gw1.sdk())
+        made.clear()
+        assert Sandbox.delete_snapshot(info.snapshot_id, **gw1.sdk()) is True
+    finally:
+        for box in made:
+            Sandbox.kill(box, **gw0.sdk())
+        Sandbox.kill(sbx.sandbox_id, **gw0.sdk())
+
+
+def test_a_stopped_nodes_paused_sandboxes_wait_for_it(cluster: Cluster) -> None:
+    gw0, gw1 = cluster.gateways
+    sbx = Sandbox.create(template="base", timeout=300, **gw0.sdk())
+    sbx.files.write("/home/user/kept.txt", "kept")
+    node_id = node_of(cluster, sbx.sandbox_id)
+    node = cluster.node(node_id)
+    try:
+        node.stop()  # graceful: pauses what runs, then leaves the cluster
+        cluster.wait_nodes({node_id: "stopped"}, timeout=10)
+        with gw1.client() as c:
+            r = c.get(f"/sandboxes/{sbx.sandbox_id}")
+            assert r.status_code == 503 and "paused" in r.json()["message"], r.text
+            assert c.get(f"/nodes/{node_id}").json()["sandboxes"] == {sbx.sandbox_id: "paused"}
+            r = c.post("/sandboxes", json={"templateID": "base", "timeout": 60})
+            assert r.status_code == 201 and node_of(cluster, r.json()["sandboxID"]) != node_id
+            c.delete(f"/sandboxes/{r.json()['sandboxID']}")
+        node.start()
+        cluster.wait_nodes({node_id: "ready"})
+        back = Sandbox.connect(sbx.sandbox_id, **gw1.sdk())
+        assert back.files.read("/home/user/kept.txt") == "kept"
+    finally:
+        if node.proc is None or node.proc.poll() is not None:
+            node.start()
+        Sandbox.kill(sbx.sandbox_id, **gw0.sdk())

@@ -107,7 +107,7 @@ class NodeView:
     @property
     def status(self) -> str:
         if not self.alive:
-            return "dead"
+            return "stopped" if self.info.draining else "dead"
         return "draining" if self.info.draining else "ready"
 
     @property

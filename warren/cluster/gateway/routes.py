@@ -49,7 +49,9 @@ async def create(request: Request) -> Response:
     template = parse_json_object(body, allow_empty=False).get("templateID")
     if not isinstance(template, str) or not template:
         raise InvalidRequestError("templateID is required")
-    candidates = place(PlacementRequest(template), await gw.directory.nodes(fresh=True), gw.strategy)
+    nodes = await gw.directory.nodes(fresh=True)
+    candidates = place(PlacementRequest(template), nodes, gw.strategy)
+    known = any(v.info.template(template) or v.info.snapshot(template) for v in nodes)
     refusals: list[str] = []
     for view in candidates:
         held = await gw.directory.store.reserve(view.node_id, hold_s=RESERVATION_HOLD_S)
@@ -67,7 +69,9 @@ async def create(request: Request) -> Response:
             await gw.directory.store.commit(held, sandbox_id, hold_s=RESERVATION_HOLD_S)
             return relay(answer)
         await gw.directory.store.release(held)
-        if answer.status_code in (429, 503):
+        if answer.status_code in (429, 503) or (answer.status_code == 404 and not known and view is not candidates[-1]):
+            # A cap or a drain the heartbeat did not show yet; or a name no heartbeat had (a snapshot
+            # taken a moment ago): the next node may take it.
             refusals.append(f"{view.node_id}: {answer.status_code}")
             continue
         return relay(answer)
@@ -106,7 +110,8 @@ async def on_sandbox(request: Request) -> Response:
     return relay(answer)
 
 
-async def list_snapshots(request: Request) -> Response:
+async def merged(request: Request) -> Response:
+    """A list every live node answers in part (snapshots, templates): the parts, concatenated."""
     gw = gateway_of(request)
     out: list[object] = []
     missing = []
@@ -125,13 +130,21 @@ async def list_snapshots(request: Request) -> Response:
     return JSONResponse(out, headers={PARTIAL_HEADER: ",".join(missing)} if missing else None)
 
 
-async def on_snapshot(request: Request) -> Response:
+async def on_holder(request: Request) -> Response:
+    """A snapshot or template by id or name: to the live nodes that hold it (a delete: to each of them)."""
     gw = gateway_of(request)
-    ref = request.path_params["snapshot_id"]
-    for view in await gw.directory.nodes(fresh=True):
-        if view.alive and view.info.snapshot(ref) is not None:
-            return relay(await gw.client.forward(view.info.url, request, await request.body()))
-    raise NotFoundError(f"snapshot {ref} not found")
+    ref = request.path_params["ref"]
+    holders = [
+        v for v in await gw.directory.nodes(fresh=True)
+        if v.alive and (v.info.snapshot(ref) is not None or v.info.template(ref) is not None)
+    ]  # fmt: skip
+    if not holders:
+        raise NotFoundError(f"template or snapshot {ref} not found")
+    body = await request.body()
+    answers = [
+        await gw.client.forward(v.info.url, request, body) for v in holders[: 1 if request.method == "GET" else None]
+    ]
+    return relay(next((a for a in answers if a.status_code < 300), answers[-1]))
 
 
 async def list_nodes(request: Request) -> Response:
@@ -168,8 +181,11 @@ ROUTES = [
     Route("/sandboxes/{sandbox_id}", on_sandbox, methods=["GET", "DELETE"]),
     Route("/sandboxes/{sandbox_id}/{action:path}", on_sandbox, methods=["GET", "POST"]),
     Route("/v2/sandboxes/{sandbox_id}/connect", on_sandbox, methods=["POST"]),
-    Route("/snapshots", list_snapshots, methods=["GET"]),
-    Route("/snapshots/{snapshot_id}", on_snapshot, methods=["GET", "DELETE"]),
+    Route("/snapshots", merged, methods=["GET"]),
+    Route("/templates", merged, methods=["GET"]),
+    Route("/v2/templates", merged, methods=["GET"]),
+    Route("/snapshots/{ref}", on_holder, methods=["GET", "DELETE"]),
+    Route("/templates/{ref}", on_holder, methods=["GET", "DELETE"]),
     Route("/nodes", list_nodes, methods=["GET"]),
     Route("/nodes/{node_id}", get_node, methods=["GET"]),
     Route("/{rest:path}", not_here, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
