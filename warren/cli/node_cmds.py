@@ -64,8 +64,9 @@ def serve(
         "cache_dir": cache_dir,
         "runsc_path": runsc,
         "domain": domain,
-        "cluster_redis": cluster_redis,
     }
+    if cluster_redis:
+        fields["cluster_redis"] = cluster_redis
     if hasattr(settings_cls, "from_env"):  # applies the node's own WARREN_* variables (api key, ...)
         settings = settings_cls.from_env(state_dir, **fields)
     else:
