@@ -200,6 +200,29 @@ def test_fifty_concurrent_creates_through_both_gateways_never_exceed_a_nodes_cap
         kill_all(cluster)
 
 
+def test_a_drained_node_gets_nothing_new_and_keeps_serving_what_it_has(cluster: Cluster) -> None:
+    gw0, gw1 = cluster.gateways
+    sbx = Sandbox.create(template="base", timeout=300, **gw0.sdk())
+    drained = node_of(cluster, sbx.sandbox_id)
+    try:
+        with gw0.client() as c:
+            assert c.post(f"/nodes/{drained}", json={"status": "draining"}).status_code == 204
+            assert c.post(f"/nodes/{drained}", json={"status": "bogus"}).status_code == 400
+            assert c.post("/nodes/nope", json={"status": "draining"}).status_code == 404
+        cluster.wait_nodes({drained: "draining"})
+        with gw1.client() as c:
+            for _ in range(4):
+                r = c.post("/sandboxes", json={"templateID": "base", "timeout": 120})
+                assert r.status_code == 201, r.text
+                assert node_of(cluster, r.json()["sandboxID"]) != drained
+        assert sbx.commands.run("echo still-served").stdout.strip() == "still-served"
+    finally:
+        with gw0.client() as c:
+            c.post(f"/nodes/{drained}", json={"status": "ready"})
+        kill_all(cluster)
+    cluster.wait_nodes({drained: "ready"})
+
+
 def test_list_merges_every_node_with_pagination(cluster: Cluster) -> None:
     tag = uuid.uuid4().hex
     try:

@@ -130,3 +130,15 @@ async def test_redis_down_is_unavailable_then_recovers(tmp_path_factory: pytest.
             assert await store.binding("s1") == "a"
         finally:
             await store.aclose()
+
+
+async def test_an_admin_drain_stops_reservations_until_lifted(store: ClusterStore) -> None:
+    await store.heartbeat(info("a"), {}, ttl_s=5, grace_s=5)
+    await store.set_drain("a", True)
+    assert await store.reserve("a", hold_s=5) == "draining"
+    [node] = await store.nodes()
+    assert node.status == "draining" and node.alive
+    await store.heartbeat(info("a"), {}, ttl_s=5, grace_s=5)  # the node's own beat does not lift it
+    assert (await store.nodes())[0].status == "draining"
+    await store.set_drain("a", False)
+    assert isinstance(await store.reserve("a", hold_s=5), Reserved)

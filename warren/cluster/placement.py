@@ -67,7 +67,7 @@ def _serves(view: NodeView, request: PlacementRequest) -> bool:
 
 def eligible(request: PlacementRequest, nodes: Sequence[NodeView]) -> list[NodeView]:
     """Steps 1 and 2 of the filter; raises when no node can ever serve the request."""
-    live = [v for v in nodes if v.alive and not v.info.draining]
+    live = [v for v in nodes if v.alive and not v.draining]
     if not live:
         raise UnavailableError("no live node in the cluster can take new sandboxes")
     holders = [v for v in live if v.info.snapshot(request.ref) is not None]

@@ -99,6 +99,8 @@ class NodeView:
     alive: bool
     reserved: int = 0
     """Creates in flight or not yet in the node's heartbeat (reservations in Redis)."""
+    drained: bool = False
+    """An admin drained it (``POST /nodes/{id}``): nothing new is placed there."""
 
     @property
     def node_id(self) -> str:
@@ -108,7 +110,11 @@ class NodeView:
     def status(self) -> str:
         if not self.alive:
             return "stopped" if self.info.draining else "dead"
-        return "draining" if self.info.draining else "ready"
+        return "draining" if self.draining else "ready"
+
+    @property
+    def draining(self) -> bool:
+        return self.info.draining or self.drained
 
     @property
     def load(self) -> int:

@@ -4,7 +4,8 @@ Each runs atomically in Redis, with Redis's own clock (``TIME``), so no two host
 
 Keys of node N (prefix ``P``): ``P node:N`` (hash: ``info`` JSON, ``max``, ``active``, ``draining``),
 ``P node:N:alive`` (the heartbeat, with a TTL), ``P node:N:roster`` (sandbox id -> state), ``P node:N:resv``
-(reservation token -> expiry, ms) and ``P node:N:resv-sid`` (token -> ``sandbox|committed_ms``); and
+(reservation token -> expiry, ms), ``P node:N:resv-sid`` (token -> ``sandbox|committed_ms``) and
+``P node:N:drain`` (set by an admin: place nothing new there); and
 ``P nodes`` (every node id ever seen) and ``P bindings`` (sandbox id -> node id).
 """
 
@@ -45,10 +46,10 @@ return now
 RESERVE = (
     NOW
     + """
--- KEYS: alive, node, resv.  ARGV: token, hold_ms.
--- 1: reserved; 0: the node is full; -1: the node is dead; -2: it is draining.
+-- KEYS: alive, node, resv, drain.  ARGV: token, hold_ms.
+-- 1: reserved; 0: the node is full; -1: the node is dead; -2: it is draining (itself, or an admin's drain).
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-if redis.call('HGET', KEYS[2], 'draining') == '1' then return -2 end
+if redis.call('HGET', KEYS[2], 'draining') == '1' or redis.call('EXISTS', KEYS[4]) == 1 then return -2 end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 local max = tonumber(redis.call('HGET', KEYS[2], 'max') or '0')
 local active = tonumber(redis.call('HGET', KEYS[2], 'active') or '0')

@@ -73,6 +73,9 @@ class ClusterStore:
         base = f"{self._p}node:{node_id}"
         return base, f"{base}:alive", f"{base}:roster", f"{base}:resv", f"{base}:resv-sid"
 
+    def _drain_key(self, node_id: str) -> str:
+        return f"{self._p}node:{node_id}:drain"
+
     # ----- node side ---------------------------------------------------------------------------------
 
     async def heartbeat(self, info: NodeInfo, roster: Mapping[str, str], *, ttl_s: float, grace_s: float) -> None:
@@ -107,10 +110,11 @@ class ClusterStore:
                 pipe.hget(node, "info")
                 pipe.exists(alive)
                 pipe.zcard(resv)
+                pipe.exists(self._drain_key(node_id))
             raw = await pipe.execute()
         views = []
         for i, node_id in enumerate(ids):
-            info_json, alive_n, reserved = raw[3 * i : 3 * i + 3]
+            info_json, alive_n, reserved, drained = raw[4 * i : 4 * i + 4]
             if info_json is None:
                 continue
             try:
@@ -118,7 +122,7 @@ class ClusterStore:
             except Exception as exc:
                 log.warning("skipping node %s: %s", node_id, exc)
                 continue
-            views.append(NodeView(info, bool(alive_n), int(reserved)))
+            views.append(NodeView(info, bool(alive_n), int(reserved), bool(drained)))
         return views
 
     async def node(self, node_id: str) -> NodeView | None:
@@ -151,7 +155,8 @@ class ClusterStore:
         token = secrets.token_hex(8)
         node, alive, _, resv, _ = self._node_keys(node_id)
         async with _redis_errors("reserve"):
-            result = int(await self._reserve(keys=[alive, node, resv], args=[token, int(hold_s * 1000)]))
+            keys = [alive, node, resv, self._drain_key(node_id)]
+            result = int(await self._reserve(keys=keys, args=[token, int(hold_s * 1000)]))
         if result == 1:
             return Reserved(node_id, token)
         return {0: "full", -1: "dead", -2: "draining"}.get(result, "unknown")
@@ -173,6 +178,14 @@ class ClusterStore:
             pipe.zrem(resv, reserved.token)
             pipe.hdel(resv_sid, reserved.token)
             await pipe.execute()
+
+    async def set_drain(self, node_id: str, drain: bool) -> None:
+        """An admin's drain: no create is placed on the node until it is lifted (the node keeps serving)."""
+        async with _redis_errors("drain"):
+            if drain:
+                await self._r.set(self._drain_key(node_id), "1")
+            else:
+                await self._r.delete(self._drain_key(node_id))
 
     async def ping(self) -> bool:
         try:

@@ -99,7 +99,7 @@ def test_all_full_is_a_429() -> None:
 
 
 def test_least_loaded_first() -> None:
-    nodes = [view("a", active=3), view("b", active=1), view("c", active=2, cap=8)]
+    nodes = [view("a", active=3), view("b", active=1), view("c", active=3, cap=8)]
     assert ids(place(PlacementRequest("base"), nodes, LeastLoaded())) == ["b", "c", "a"]
 
 
@@ -119,3 +119,9 @@ def test_equal_nodes_share_the_creates() -> None:
     nodes = [view("a"), view("b"), view("c")]
     firsts = Counter(strategy.rank(PlacementRequest("base"), nodes)[0].node_id for _ in range(300))
     assert set(firsts) == {"a", "b", "c"} and min(firsts.values()) > 60
+
+
+def test_an_admin_drained_node_is_filtered() -> None:
+    nodes = [NodeView(view("a").info, True, 0, drained=True), view("b")]
+    assert ids(eligible(PlacementRequest("base"), nodes)) == ["b"]
+    assert nodes[0].status == "draining"

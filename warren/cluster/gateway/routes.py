@@ -160,6 +160,19 @@ async def get_node(request: Request) -> Response:
     return JSONResponse(view.body(await gw.directory.store.roster(view.node_id)))
 
 
+async def set_node_status(request: Request) -> Response:
+    """E2B's node status change: ``{"status": "draining"}`` places nothing new there, ``"ready"`` lifts it."""
+    gw = gateway_of(request)
+    node_id = request.path_params["node_id"]
+    status = parse_json_object(await request.body(), allow_empty=False).get("status")
+    if status not in ("draining", "ready"):
+        raise InvalidRequestError("status must be 'draining' or 'ready'")
+    if await gw.directory.node(node_id) is None:
+        raise NotFoundError(f"node {node_id} not found")
+    await gw.directory.store.set_drain(node_id, status == "draining")
+    return Response(status_code=204)
+
+
 async def health(request: Request) -> Response:
     ok = await gateway_of(request).directory.store.ping()
     body = {"status": "ok" if ok else "degraded", "role": "gateway", "redis": "up" if ok else "down"}
@@ -188,5 +201,6 @@ ROUTES = [
     Route("/templates/{ref}", on_holder, methods=["GET", "DELETE"]),
     Route("/nodes", list_nodes, methods=["GET"]),
     Route("/nodes/{node_id}", get_node, methods=["GET"]),
+    Route("/nodes/{node_id}", set_node_status, methods=["POST"]),
     Route("/{rest:path}", not_here, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
 ]
