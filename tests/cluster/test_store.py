@@ -142,3 +142,14 @@ async def test_an_admin_drain_stops_reservations_until_lifted(store: ClusterStor
     assert (await store.nodes())[0].status == "draining"
     await store.set_drain("a", False)
     assert isinstance(await store.reserve("a", hold_s=5), Reserved)
+
+
+async def test_a_committed_sandbox_is_in_the_roster_before_any_heartbeat_has_it(store: ClusterStore) -> None:
+    await store.heartbeat(info("a"), {}, ttl_s=0.3, grace_s=5)
+    held = await store.reserve("a", hold_s=30)
+    assert isinstance(held, Reserved)
+    await store.commit(held, "s1", hold_s=30)
+    await store.bind("s2", "a")  # a fork child
+    await asyncio.sleep(0.5)  # the node died before its next heartbeat
+    [node] = await store.nodes()
+    assert node.body(await store.roster("a"))["lostSandboxes"] == ["s1", "s2"]

@@ -131,6 +131,9 @@ class Heartbeat:
                 if not self._down:
                     log.warning("cluster heartbeat failed (retrying every %.1fs): %s", self._interval_s, exc)
                 self._down = True
+            except Exception:  # a bug here must not take the node down with it: its API serves on
+                log.exception("cluster heartbeat failed unexpectedly; retrying")
+                self._down = True
             self._wake.clear()
             try:
                 async with asyncio.timeout(self._interval_s):

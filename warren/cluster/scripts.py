@@ -62,13 +62,15 @@ return 1
 COMMIT = (
     NOW
     + """
--- KEYS: resv, resv-sid, bindings.  ARGV: token, sandbox id, node id, hold_ms.
--- The reservation stays until the node's heartbeat counts the sandbox; the binding is written now.
+-- KEYS: resv, resv-sid, bindings, roster.  ARGV: token, sandbox id, node id, hold_ms.
+-- The reservation stays until the node's heartbeat counts the sandbox; the binding is written now,
+-- and the roster has it (running) until that heartbeat: if the node dies first, it is reported lost.
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[1])
   redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] .. '|' .. now)
 end
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
+redis.call('HSET', KEYS[4], ARGV[2], 'running')
 return 1
 """
 )

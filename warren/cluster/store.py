@@ -141,8 +141,12 @@ class ClusterStore:
         return str(found) if found is not None else None
 
     async def bind(self, sandbox_id: str, node_id: str) -> None:
+        """A sandbox made on ``node_id`` outside a create (a fork child): bound, and running in its roster."""
         async with _redis_errors("bind"):
-            await self._r.hset(f"{self._p}bindings", sandbox_id, node_id)
+            pipe = self._r.pipeline(transaction=True)
+            pipe.hset(f"{self._p}bindings", sandbox_id, node_id)
+            pipe.hset(self._node_keys(node_id)[2], sandbox_id, "running")
+            await pipe.execute()
 
     async def unbind(self, sandbox_id: str, node_id: str) -> None:
         """Forget the binding if it still names ``node_id``; drop the sandbox from that node's roster."""
@@ -163,10 +167,10 @@ class ClusterStore:
 
     async def commit(self, reserved: Reserved, sandbox_id: str, *, hold_s: float) -> None:
         """The create succeeded: bind the sandbox; the slot stays held until the node's heartbeat has it."""
-        _, _, _, resv, resv_sid = self._node_keys(reserved.node_id)
+        _, _, roster, resv, resv_sid = self._node_keys(reserved.node_id)
         async with _redis_errors("commit"):
             await self._commit(
-                keys=[resv, resv_sid, f"{self._p}bindings"],
+                keys=[resv, resv_sid, f"{self._p}bindings", roster],
                 args=[reserved.token, sandbox_id, reserved.node_id, int(hold_s * 1000)],
             )
 
