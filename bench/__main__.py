@@ -18,6 +18,8 @@ a section that fails records ``{"error": ...}`` and the others still run:
   vs not (``WARREN_DISK_QUOTA``), interleaved; the disk steps alone (template copy vs mkfs per sandbox).
 * ``throughput`` (bench/throughput.py): sustained creates/s from a warm pool at 4 and 8 concurrent
   clients, the pool's refill rate alone, and the claim rate alone (pool cannot refill).
+* ``cluster`` (bench/cluster.py): create and ``commands.run`` p50/p99 through a gateway vs direct to
+  the node, and creates/s through a gateway with 3 nodes vs 1.
 
 ``leftovers`` lists anything the benchmark's nodes left on the host (it should be empty). Numbers
 are wall-clock on a possibly shared host: ``machine.loadavg_*`` says how busy it was.
@@ -52,8 +54,9 @@ TARGETS = {
     "hardening_resume_on_vs_off_p50_ratio": "<= 1.1",
     "disk_create_to_first_command_on_vs_off_p50_ratio": "<= 1.1",
     "warm_pool_creates_per_s": ">= 30",
+    "gateway_added_commands_run_p50_ms": "< 5",
 }
-SECTIONS = ("sandboxes", "templates", "lifecycle", "node", "hardening", "disk", "throughput")
+SECTIONS = ("sandboxes", "templates", "lifecycle", "node", "hardening", "disk", "throughput", "cluster")
 
 
 def _machine() -> dict[str, Any]:
@@ -178,6 +181,10 @@ def main() -> None:
             from bench.throughput import run_throughput
 
             results["throughput"] = section(lambda: run_throughput(work / "throughput", runsc, scale))
+        if "cluster" in only:
+            from bench.cluster import run_cluster
+
+            results["cluster"] = section(lambda: run_cluster(work / "cluster", runsc, scale))
         cleanup_bare_cgroups()
         report["leftovers"] = leftovers(work, baseline)
         if report["leftovers"]:

@@ -190,12 +190,24 @@ def test_fifty_concurrent_creates_through_both_gateways_never_exceed_a_nodes_cap
         answers = asyncio.run(burst())
         statuses = Counter(a.status_code for a in answers)
         assert set(statuses) <= {201, 429}, [a.text for a in answers if a.status_code not in (201, 429)]
-        assert statuses[201] == CAP * len(NODE_IDS), statuses
+        # A node counts a create twice for a moment (its slot, and the sandbox already running): a create
+        # racing that moment, or a heartbeat taken in it, may see the node full. Never more than the cap.
+        assert CAP * len(NODE_IDS) - 2 <= statuses[201] <= CAP * len(NODE_IDS), statuses
         per_node = Counter(node_of(cluster, a.json()["sandboxID"]) for a in answers if a.status_code == 201)
         assert max(per_node.values()) <= CAP, per_node
         for node in cluster.nodes:
             with node.client() as c:
                 assert len(c.get("/v2/sandboxes").json()) <= CAP
+        # Nothing leaked: once the heartbeats settle, the free slots are exactly what the burst left.
+        wait_settled = time.monotonic() + 10
+        with cluster.gateways[1].client() as c:
+            for _ in range(CAP * len(NODE_IDS) - statuses[201]):
+                while (r := c.post("/sandboxes", json={"templateID": "base", "timeout": 120})).status_code == 429:
+                    assert time.monotonic() < wait_settled, r.text
+                    time.sleep(0.2)
+                assert r.status_code == 201, r.text
+            r = c.post("/sandboxes", json={"templateID": "base", "timeout": 120})
+            assert r.status_code == 429, r.text
     finally:
         kill_all(cluster)
 
