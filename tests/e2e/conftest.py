@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,16 +23,38 @@ def _need_root() -> None:
         pytest.skip(f"no built-in templates in {DEFAULT_CACHE}: run `warren setup` (scripts/setup.sh) first")
 
 
+VIA_GATEWAY = os.environ.get("WARREN_E2E_VIA_GATEWAY") == "1"
+"""``WARREN_E2E_VIA_GATEWAY=1``: the node joins a cluster (a real redis-server) and the SDK talks to it
+through a ``warren gateway``; the tests' own admin calls (``node.client()``) still go to the node."""
+
+
 @pytest.fixture(scope="session")
 def node(tmp_path_factory: pytest.TempPathFactory, patched_runsc: Path) -> Iterator[Node]:
     _need_root()
     # Tests import rootfs copies they make under pytest's temp dir besides the built-in templates.
     roots = {"WARREN_IMPORT_ROOTS": f"{DEFAULT_CACHE}:{tmp_path_factory.getbasetemp()}"}
-    with running_node(tmp_path_factory.mktemp("node") / "state", runsc=patched_runsc, extra_env=roots) as n:
+    with contextlib.ExitStack() as stack:
+        gateway = None
+        if VIA_GATEWAY:
+            from tests.framework.cluster import HEARTBEAT_S, TTL_S, Gateway
+            from tests.framework.redis import running_redis
+
+            redis = stack.enter_context(running_redis(tmp_path_factory.mktemp("redis")))
+            roots |= {"WARREN_CLUSTER_REDIS": redis.url, "WARREN_CLUSTER_HEARTBEAT_S": str(HEARTBEAT_S),
+                      "WARREN_CLUSTER_TTL_S": str(TTL_S)}  # fmt: skip
+        n = stack.enter_context(
+            running_node(tmp_path_factory.mktemp("node") / "state", runsc=patched_runsc, extra_env=roots)
+        )
         with n.client() as c:
             src = str(DEFAULT_CACHE / "templates" / "base" / "rootfs")
             r = c.post("/warren/templates/import", json={"path": src, "name": "base-gvisor", "runtime": "gvisor"})
             assert r.status_code == 201, r.text
+        if VIA_GATEWAY:
+            gateway = Gateway(tmp_path_factory.mktemp("gateway"), redis.url, n.api_key)
+            gateway.start()
+            stack.callback(gateway.stop)
+            n.sdk_url = gateway.url
+            time.sleep(2 * HEARTBEAT_S)  # the node's record has the imported template
         yield n
 
 

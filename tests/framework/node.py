@@ -44,6 +44,8 @@ class Node:
     extra_env: dict[str, str] = field(default_factory=lambda: {"WARREN_WARM_POOL": "0"})
     """The warm pool is off by default: most tests count or leak-check sandboxes."""
     log_path: Path = field(init=False)
+    sdk_url: str | None = None
+    """Where the SDK goes (``env()``): a gateway in front of this node, or None for the node itself."""
 
     def __post_init__(self) -> None:
         self.log_path = self.state_dir.parent / f"{self.state_dir.name}-node.log"
@@ -54,7 +56,8 @@ class Node:
 
     def env(self) -> dict[str, str]:
         """What the E2B SDK needs to talk to this node."""
-        return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url, "E2B_API_KEY": self.api_key}
+        url = self.sdk_url or self.url
+        return {"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": self.api_key}
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"X-API-Key": self.api_key}, timeout=60)
