@@ -153,3 +153,17 @@ async def test_a_committed_sandbox_is_in_the_roster_before_any_heartbeat_has_it(
     await asyncio.sleep(0.5)  # the node died before its next heartbeat
     [node] = await store.nodes()
     assert node.body(await store.roster("a"))["lostSandboxes"] == ["s1", "s2"]
+
+
+async def test_bindings_of_sandboxes_gone_from_the_roster_are_collected_after_the_grace(store: ClusterStore) -> None:
+    await store.heartbeat(info("a"), {"old": "running"}, ttl_s=5, grace_s=0.3)
+    held = await store.reserve("a", hold_s=30)
+    assert isinstance(held, Reserved)
+    await store.commit(held, "new", hold_s=30)
+    await store.bind("child", "a")
+    await store.bind("elsewhere", "b")
+    await store.heartbeat(info("a"), {}, ttl_s=5, grace_s=0.3)  # within the grace: all kept
+    assert [await store.binding(s) for s in ("old", "new", "child")] == ["a", "a", "a"]
+    await asyncio.sleep(0.4)
+    await store.heartbeat(info("a"), {"child": "running"}, ttl_s=5, grace_s=0.3)
+    assert [await store.binding(s) for s in ("old", "new", "child", "elsewhere")] == [None, None, "a", "b"]

@@ -5,7 +5,8 @@ Each runs atomically in Redis, with Redis's own clock (``TIME``), so no two host
 Keys of node N (prefix ``P``): ``P node:N`` (hash: ``info`` JSON, ``max``, ``active``, ``draining``),
 ``P node:N:alive`` (the heartbeat, with a TTL), ``P node:N:roster`` (sandbox id -> state), ``P node:N:resv``
 (reservation token -> expiry, ms), ``P node:N:resv-sid`` (token -> ``sandbox|committed_ms``) and
-``P node:N:drain`` (set by an admin: place nothing new there); and
+``P node:N:drain`` (set by an admin: place nothing new there), ``P node:N:bound`` (sandbox id -> when last
+seen bound there: bindings not in the roster for longer than a grace are removed); and
 ``P nodes`` (every node id ever seen) and ``P bindings`` (sandbox id -> node id).
 """
 
@@ -16,7 +17,7 @@ NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000 + math.flo
 HEARTBEAT = (
     NOW
     + """
--- KEYS: nodes, node, alive, roster, resv, resv-sid, bindings
+-- KEYS: nodes, node, alive, roster, resv, resv-sid, bindings, bound
 -- ARGV: node_id, ttl_ms, info, max, active, draining, grace_ms, then sandbox id / state pairs
 redis.call('SADD', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], 'info', ARGV[3], 'max', ARGV[4], 'active', ARGV[5], 'draining', ARGV[6])
@@ -25,6 +26,12 @@ redis.call('DEL', KEYS[4])
 for i = 8, #ARGV, 2 do
   redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
   redis.call('HSET', KEYS[7], ARGV[i], ARGV[1])
+  redis.call('ZADD', KEYS[8], now, ARGV[i])
+end
+-- Bindings of sandboxes the node has not listed for longer than the grace (killed, timed out): gone.
+for _, sid in ipairs(redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now - tonumber(ARGV[7]))) do
+  if redis.call('HGET', KEYS[7], sid) == ARGV[1] then redis.call('HDEL', KEYS[7], sid) end
+  redis.call('ZREM', KEYS[8], sid)
 end
 -- Reservations: expired ones go; a committed one goes once the roster (and so `active`) has its
 -- sandbox, or when it was committed longer than the grace ago (the sandbox was killed since).
@@ -62,7 +69,7 @@ return 1
 COMMIT = (
     NOW
     + """
--- KEYS: resv, resv-sid, bindings, roster.  ARGV: token, sandbox id, node id, hold_ms.
+-- KEYS: resv, resv-sid, bindings, roster, bound.  ARGV: token, sandbox id, node id, hold_ms.
 -- The reservation stays until the node's heartbeat counts the sandbox; the binding is written now,
 -- and the roster has it (running) until that heartbeat: if the node dies first, it is reported lost.
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
@@ -71,6 +78,18 @@ if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
 end
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
 redis.call('HSET', KEYS[4], ARGV[2], 'running')
+redis.call('ZADD', KEYS[5], now, ARGV[2])
+return 1
+"""
+)
+
+BIND = (
+    NOW
+    + """
+-- KEYS: bindings, roster, bound.  ARGV: sandbox id, node id.  A sandbox made outside a create (a fork).
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], 'running')
+redis.call('ZADD', KEYS[3], now, ARGV[1])
 return 1
 """
 )

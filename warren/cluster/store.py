@@ -52,6 +52,7 @@ class ClusterStore:
         self._reserve = client.register_script(scripts.RESERVE)
         self._commit = client.register_script(scripts.COMMIT)
         self._unbind = client.register_script(scripts.UNBIND)
+        self._bind = client.register_script(scripts.BIND)
 
     @classmethod
     def connect(cls, url: str, prefix: str = DEFAULT_PREFIX, timeout_s: float = 2.0) -> ClusterStore:
@@ -76,6 +77,9 @@ class ClusterStore:
     def _drain_key(self, node_id: str) -> str:
         return f"{self._p}node:{node_id}:drain"
 
+    def _bound_key(self, node_id: str) -> str:
+        return f"{self._p}node:{node_id}:bound"
+
     # ----- node side ---------------------------------------------------------------------------------
 
     async def heartbeat(self, info: NodeInfo, roster: Mapping[str, str], *, ttl_s: float, grace_s: float) -> None:
@@ -87,7 +91,8 @@ class ClusterStore:
         ]  # fmt: skip
         for sandbox_id, state in roster.items():
             args += [sandbox_id, state]
-        keys = [f"{self._p}nodes", node, alive, roster_key, resv, resv_sid, f"{self._p}bindings"]
+        keys = [f"{self._p}nodes", node, alive, roster_key, resv, resv_sid, f"{self._p}bindings",
+                self._bound_key(info.node_id)]  # fmt: skip
         async with _redis_errors("heartbeat"):
             await self._heartbeat(keys=keys, args=args)
 
@@ -142,17 +147,16 @@ class ClusterStore:
 
     async def bind(self, sandbox_id: str, node_id: str) -> None:
         """A sandbox made on ``node_id`` outside a create (a fork child): bound, and running in its roster."""
+        keys = [f"{self._p}bindings", self._node_keys(node_id)[2], self._bound_key(node_id)]
         async with _redis_errors("bind"):
-            pipe = self._r.pipeline(transaction=True)
-            pipe.hset(f"{self._p}bindings", sandbox_id, node_id)
-            pipe.hset(self._node_keys(node_id)[2], sandbox_id, "running")
-            await pipe.execute()
+            await self._bind(keys=keys, args=[sandbox_id, node_id])
 
     async def unbind(self, sandbox_id: str, node_id: str) -> None:
         """Forget the binding if it still names ``node_id``; drop the sandbox from that node's roster."""
         async with _redis_errors("unbind"):
             await self._unbind(keys=[f"{self._p}bindings"], args=[sandbox_id, node_id])
             await self._r.hdel(self._node_keys(node_id)[2], sandbox_id)
+            await self._r.zrem(self._bound_key(node_id), sandbox_id)
 
     async def reserve(self, node_id: str, *, hold_s: float) -> Reserved | str:
         """Take a slot on ``node_id`` atomically; the reason (``full``, ``dead``, ``draining``) when not."""
@@ -170,7 +174,7 @@ class ClusterStore:
         _, _, roster, resv, resv_sid = self._node_keys(reserved.node_id)
         async with _redis_errors("commit"):
             await self._commit(
-                keys=[resv, resv_sid, f"{self._p}bindings", roster],
+                keys=[resv, resv_sid, f"{self._p}bindings", roster, self._bound_key(reserved.node_id)],
                 args=[reserved.token, sandbox_id, reserved.node_id, int(hold_s * 1000)],
             )
 
