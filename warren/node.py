@@ -24,7 +24,7 @@ from .aio import wait_event_or_task
 from .api import Services, create_app
 from .api.auth import load_or_create_api_key
 from .api.httpguard import guarded_http_protocol
-from .cluster.membership import Heartbeat, NodeServices, node_id_of
+from .cluster.membership import Heartbeat, NodeServices, advertise_url, node_id_of
 from .cluster.store import ClusterStore
 from .config import Settings
 from .errors import ConflictError, InvalidRequestError
@@ -263,9 +263,9 @@ async def _serve_locked(
                     ready.set_result({"url": f"http://{settings.listen_host}:{port}", "api_key": api_key})
                 heartbeat = None
                 if settings.cluster_redis and not stop.is_set():
-                    url = settings.advertise_url or f"http://{settings.listen_host}:{port}"
                     member = NodeServices(
-                        node_id_of(settings), url, manager, templates, snapshots, node_runtimes.registry,
+                        node_id_of(settings), advertise_url(settings, port), manager, templates, snapshots,
+                        node_runtimes.registry,
                         lambda: tuple(k.value for k, r in runtimes.items() if r.probe().available), time.time(),
                     )  # fmt: skip
                     cluster = ClusterStore.connect(settings.cluster_redis)

@@ -83,3 +83,13 @@ def test_cluster_settings_come_from_the_environment(var: str, monkeypatch: pytes
     monkeypatch.setenv(var, "x")
     settings = Settings.from_env(tmp_path)
     assert (settings.cluster_redis if var == "WARREN_CLUSTER_REDIS" else settings.node_id) == "x"
+
+
+def test_the_advertised_url(tmp_path: Path) -> None:
+    from warren.cluster.membership import advertise_url
+
+    assert advertise_url(Settings(state_dir=tmp_path, listen_host="10.0.0.5"), 3000) == "http://10.0.0.5:3000"
+    assert advertise_url(Settings(state_dir=tmp_path, advertise_url="http://n1:9/"), 3000) == "http://n1:9"
+    assert advertise_url(Settings(state_dir=tmp_path, listen_host="::1"), 3000) == "http://[::1]:3000"
+    everywhere = advertise_url(Settings(state_dir=tmp_path, listen_host="0.0.0.0"), 3000)
+    assert "0.0.0.0" not in everywhere and everywhere.endswith(":3000")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import socket
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -56,6 +57,18 @@ def _write_once(path: Path, text: str) -> None:
             f.write(text + "\n")
     except FileExistsError:
         pass
+
+
+def advertise_url(settings: Settings, port: int) -> str:
+    """Where gateways reach this node: ``settings.advertise_url``, else the listen address (the host's
+    name when the node listens on every interface)."""
+    if settings.advertise_url:
+        return settings.advertise_url.rstrip("/")
+    host = settings.listen_host
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.getfqdn()
+        log.warning("listening on every interface: advertising http://%s:%d (set WARREN_ADVERTISE_URL)", host, port)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 @dataclass
