@@ -153,6 +153,7 @@ async def test_a_committed_sandbox_is_in_the_roster_before_any_heartbeat_has_it(
     await asyncio.sleep(0.5)  # the node died before its next heartbeat
     [node] = await store.nodes()
     assert node.body(await store.roster("a"))["lostSandboxes"] == ["s1", "s2"]
+    assert node.roster_size == 2
 
 
 async def test_bindings_of_sandboxes_gone_from_the_roster_are_collected_after_the_grace(store: ClusterStore) -> None:

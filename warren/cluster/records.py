@@ -101,6 +101,8 @@ class NodeView:
     """Creates in flight or not yet in the node's heartbeat (reservations in Redis)."""
     drained: bool = False
     """An admin drained it (``POST /nodes/{id}``): nothing new is placed there."""
+    roster_size: int = 0
+    """Sandboxes in its roster: the last heartbeat's, plus those created or forked there since."""
 
     @property
     def node_id(self) -> str:

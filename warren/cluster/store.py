@@ -116,10 +116,11 @@ class ClusterStore:
                 pipe.exists(alive)
                 pipe.zcard(resv)
                 pipe.exists(self._drain_key(node_id))
+                pipe.hlen(self._node_keys(node_id)[2])
             raw = await pipe.execute()
         views = []
         for i, node_id in enumerate(ids):
-            info_json, alive_n, reserved, drained = raw[4 * i : 4 * i + 4]
+            info_json, alive_n, reserved, drained, listed = raw[5 * i : 5 * i + 5]
             if info_json is None:
                 continue
             try:
@@ -127,7 +128,7 @@ class ClusterStore:
             except Exception as exc:
                 log.warning("skipping node %s: %s", node_id, exc)
                 continue
-            views.append(NodeView(info, bool(alive_n), int(reserved), bool(drained)))
+            views.append(NodeView(info, bool(alive_n), int(reserved), bool(drained), int(listed)))
         return views
 
     async def node(self, node_id: str) -> NodeView | None:

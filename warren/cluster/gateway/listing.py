@@ -70,7 +70,7 @@ async def list_cluster(request: Request, nodes: list[NodeView], client: NodeClie
     if after is not None:
         node_params.append(("nextToken", encode_list_token(_seconds(after[0]) - _EPSILON_S, after[1])))
     live = [v for v in nodes if v.alive]
-    missing = [v.node_id for v in nodes if not v.alive and v.info.running + v.info.paused > 0]
+    missing = [v.node_id for v in nodes if not v.alive and v.roster_size > 0]
     headers = passed_headers(request)
 
     async def ask(view: NodeView) -> tuple[list[dict[str, object]], bool] | None:

@@ -35,7 +35,6 @@ class Gateway:
     directory: Directory
     client: NodeClient
     strategy: Strategy
-    api_key: str
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -117,7 +116,8 @@ async def merged(request: Request) -> Response:
     missing = []
     for view in await gw.directory.nodes():
         if not view.alive:
-            missing.append(view.node_id)
+            if view.roster_size:
+                missing.append(view.node_id)
             continue
         try:
             answer = await gw.client.forward(view.info.url, request, b"")

@@ -78,7 +78,7 @@ def create_gateway_app(
             Exception: unhandled_error_handler,
         },
     )
-    router.state.gateway = Gateway(directory, client, strategy or LeastLoaded(), settings.api_key)
+    router.state.gateway = Gateway(directory, client, strategy or LeastLoaded())
     proxy = GatewayProxy(_ApiKeyAuth(router, settings.api_key), directory, settings.domain)
     return proxy, proxy
 
