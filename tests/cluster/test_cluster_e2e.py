@@ -141,6 +141,8 @@ def test_sdk_through_either_gateway(cluster: Cluster, template: str) -> None:
         Sandbox.kill(sbx.sandbox_id, **gw1.sdk())
     with pytest.raises(NotFoundException):
         Sandbox.get_info(sbx.sandbox_id, **gw0.sdk())
+    with gw0.client() as c:
+        assert c.get(f"/sandboxes/{sbx.sandbox_id}").status_code == 404
     assert Sandbox.kill(sbx.sandbox_id, **gw0.sdk()) is False
 
 
@@ -264,6 +266,9 @@ def test_a_gateway_restart_loses_nothing(cluster: Cluster) -> None:
     gw = cluster.gateways[0]
     sbx = Sandbox.create(template="base", timeout=300, **gw.sdk())
     try:
+        with gw.client() as c:  # a route the node does not have is its 404, and the sandbox stays bound
+            assert c.post(f"/sandboxes/{sbx.sandbox_id}/no-such-route", json={}).status_code == 404
+            assert c.get(f"/sandboxes/{sbx.sandbox_id}").status_code == 200
         gw.stop()
         gw.start()
         again = Sandbox.connect(sbx.sandbox_id, **gw.sdk())

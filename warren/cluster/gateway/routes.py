@@ -3,7 +3,8 @@
 * ``POST /sandboxes``: placement (:mod:`warren.cluster.placement`), a slot reserved in Redis, then the
   create on that node; a node that answers 429 or 503 (its cap, or it started draining) gives the
   create to the next candidate.
-* Calls on one sandbox go to the node bound to it; a node that no longer has it (404) loses the binding.
+* Calls on one sandbox go to the node bound to it; a node that no longer has it (a 404 to
+  ``GET``/``DELETE /sandboxes/{id}``) loses the binding.
 * Lists merge every live node's (:mod:`.listing`); ``/nodes`` and ``/nodes/{id}`` read Redis only.
 """
 
@@ -100,7 +101,8 @@ async def on_sandbox(request: Request) -> Response:
             return Response(status_code=204)
     view = await gw.directory.live(sandbox_id)
     answer = await gw.client.forward(view.info.url, request, body)
-    if answer.status_code == 404 or (request.method == "DELETE" and answer.status_code == 204):
+    on_itself = request.url.path.rstrip("/") == f"/sandboxes/{sandbox_id}"  # not a route the node lacks
+    if on_itself and (answer.status_code == 404 or (request.method == "DELETE" and answer.status_code == 204)):
         await gw.directory.store.unbind(sandbox_id, view.node_id)
     elif request.url.path.endswith("/fork") and answer.status_code == 201:
         for item in answer.json():
