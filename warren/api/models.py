@@ -73,8 +73,24 @@ def parse_create(body: dict[str, Any]) -> CreateRequest:
         env_vars=_str_map(body, "envVars"),
         secure=secure is not False,
         allow_internet=allow is not False,
+        public_traffic=_public_traffic(body),
         runtime=runtime,
     )
+
+
+def _public_traffic(body: dict[str, Any]) -> bool:
+    """``network.allowPublicTraffic`` (default true; E2B's ``null`` is the default too)."""
+    network = body.get("network")
+    if network is None:
+        return True
+    if not isinstance(network, dict):
+        raise InvalidRequestError("network must be an object")
+    value = network.get("allowPublicTraffic")
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise InvalidRequestError("network.allowPublicTraffic must be a boolean")
+    return value
 
 
 def parse_lifecycle(body: dict[str, Any]) -> Lifecycle:
@@ -130,7 +146,7 @@ def sandbox_body(rec: SandboxRecord, domain: str | None) -> dict[str, Any]:
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": rec.access_token,
-        "trafficAccessToken": None,
+        "trafficAccessToken": rec.ingress.traffic_token,
         "domain": domain,
     }
 

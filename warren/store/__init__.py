@@ -5,6 +5,7 @@ from .db import Database
 from .records import (
     CacheEntry,
     ImageConfig,
+    IngressPolicy,
     LifecyclePolicy,
     OnTimeout,
     PauseMode,
@@ -19,6 +20,7 @@ __all__ = [
     "CacheEntry",
     "Database",
     "ImageConfig",
+    "IngressPolicy",
     "LifecyclePolicy",
     "OnTimeout",
     "PauseMode",

@@ -9,7 +9,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .records import CacheEntry, ImageConfig, LifecyclePolicy, OnTimeout, PauseMode, Provenance, RuntimeBinding
+from .records import (
+    CacheEntry,
+    ImageConfig,
+    IngressPolicy,
+    LifecyclePolicy,
+    OnTimeout,
+    PauseMode,
+    Provenance,
+    RuntimeBinding,
+)
 
 
 def image_to_json(image: ImageConfig) -> str:
@@ -52,6 +61,14 @@ def binding_of(raw: dict[str, Any]) -> RuntimeBinding:
         init_pid=int(pid) if pid is not None else None,
         pause_mode=PauseMode(mode) if mode is not None else None,
     )
+
+
+def ingress_to_json(ingress: IngressPolicy) -> str:
+    return _dump({"public": ingress.public, "traffic_token": ingress.traffic_token})
+
+
+def ingress_of(raw: dict[str, Any]) -> IngressPolicy:
+    return IngressPolicy(public=bool(raw.get("public", True)), traffic_token=_opt_str(raw.get("traffic_token")))
 
 
 def provenance_json(p: Provenance) -> dict[str, Any]:
