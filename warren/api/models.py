@@ -18,6 +18,14 @@ from ..store import OnTimeout, PauseMode, SandboxRecord, TemplateRecord
 ENVD_VERSION = "0.6.4"
 """The envd version the guest agent implements; the SDK unlocks features up to it."""
 CLIENT_ID = "warren"
+NO_DOMAIN = "no-domain.set-e2b-sandbox-url.invalid"
+"""The ``domain`` answered by a node without ``--domain`` (header mode). Null would send the SDK to its
+default, E2B's own cloud; a name under ``.invalid`` (RFC 2606: never resolves) fails at once, naming
+what to do. ``E2B_SANDBOX_URL`` takes precedence over it in the SDK, so header mode works as before."""
+
+
+def answered_domain(domain: str | None) -> str:
+    return domain if domain is not None else NO_DOMAIN
 
 
 def parse_json_object(raw: bytes, *, allow_empty: bool = True) -> dict[str, Any]:
@@ -147,7 +155,7 @@ def sandbox_body(rec: SandboxRecord, domain: str | None) -> dict[str, Any]:
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": rec.access_token,
         "trafficAccessToken": rec.ingress.traffic_token,
-        "domain": domain,
+        "domain": answered_domain(domain),
     }
 
 
@@ -176,7 +184,7 @@ def detail_body(rec: SandboxRecord, domain: str | None) -> dict[str, Any]:
         **listed_body(rec),
         "envdAccessToken": rec.access_token,
         "allowInternetAccess": rec.allow_internet,
-        "domain": domain,
+        "domain": answered_domain(domain),
         "lifecycle": {
             "autoResume": rec.policy.auto_resume,
             "onTimeout": rec.policy.on_timeout.value,
