@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import certifi
@@ -45,18 +46,25 @@ def node_ca(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield ca_dir
 
 
-@pytest.fixture(scope="session")
-def node(tmp_path_factory: pytest.TempPathFactory, patched_runsc: Path, node_ca: Path) -> Iterator[Node]:
+@contextmanager
+def e2e_node(tmp_path_factory: pytest.TempPathFactory, runsc: Path, domain_ca: Path | None) -> Iterator[Node]:
+    """A started node with ``base-gvisor`` imported (in domain mode with ``domain_ca``)."""
     _need_root()
     # Tests import rootfs copies they make under pytest's temp dir besides the built-in templates.
     roots = {"WARREN_IMPORT_ROOTS": f"{DEFAULT_CACHE}:{tmp_path_factory.getbasetemp()}"}
-    domain_ca = node_ca if os.environ.get("WARREN_E2E_DOMAIN") == "1" else None
     state = tmp_path_factory.mktemp("node") / "state"
-    with running_node(state, runsc=patched_runsc, extra_env=roots, domain_ca=domain_ca) as n:
+    with running_node(state, runsc=runsc, extra_env=roots, domain_ca=domain_ca) as n:
         with n.client() as c:
             src = str(DEFAULT_CACHE / "templates" / "base" / "rootfs")
             r = c.post("/warren/templates/import", json={"path": src, "name": "base-gvisor", "runtime": "gvisor"})
             assert r.status_code == 201, r.text
+        yield n
+
+
+@pytest.fixture(scope="session")
+def node(tmp_path_factory: pytest.TempPathFactory, patched_runsc: Path, node_ca: Path) -> Iterator[Node]:
+    domain_ca = node_ca if os.environ.get("WARREN_E2E_DOMAIN") == "1" else None
+    with e2e_node(tmp_path_factory, patched_runsc, domain_ca) as n:
         yield n
 
 
