@@ -37,6 +37,7 @@ from .recovery import Recovery
 from .requests import CreateRequest, ListQuery
 from .runtimes import RuntimeSet
 from .sampler import MetricsSampler
+from .sandbox import Sandbox
 from .snapshotting import MAX_FORKS, Snapshotter
 from .states import SandboxState
 from .table import SandboxTable
@@ -231,13 +232,21 @@ class SandboxManager:
     async def wake(self, sandbox_id: str) -> str | None:
         """For proxy traffic to a paused sandbox: resume it if it auto-resumes and return its address.
 
-        None when it does not auto-resume (the proxy answers 502, saying it is paused). Concurrent callers share one
+        None when it does not auto-resume (the proxy answers 502, saying it is paused), unless a connect
+        is resuming it right now: then the traffic waits for that resume. Concurrent callers share one
         resume: they queue on the sandbox's lock and find it running.
         """
         if not self._parts.transitions.policy(sandbox_id).auto_resume:
-            return None
+            sandbox = self._parts.table.get(sandbox_id)
+            return await self._resumed(sandbox) if sandbox.state is SandboxState.RESUMING else None
         record, _ = await self.connect(sandbox_id, None)
         return record.address
+
+    async def _resumed(self, sandbox: Sandbox) -> str | None:
+        """The address of a sandbox a connect is resuming, once that ends (None if it did not run)."""
+        async with sandbox.lock:  # the connect holds the lock until the sandbox runs (or failed)
+            running = sandbox.state is SandboxState.RUNNING and self._parts.table.holds(sandbox)
+            return sandbox.record.address if running else None
 
     # ----- snapshots -------------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,10 +12,10 @@ from tests.framework.fakes import FakeAgent, FakeRuntime
 from warren.api.models import parse_create, parse_list_query, rfc3339
 from warren.config import Settings
 from warren.errors import InvalidRequestError, NotFoundError
-from warren.orchestrator import CreateRequest, ListQuery, SandboxManager
+from warren.orchestrator import CreateRequest, ListQuery, SandboxManager, SandboxState
 from warren.orchestrator.metrics import MetricSample, MetricSeries
 from warren.orchestrator.requests import Order
-from warren.runtime.base import RuntimeKind, SandboxStats
+from warren.runtime.base import PauseMode, RuntimeKind, SandboxHandle, SandboxSpec, SandboxStats
 from warren.store import Database, NetworkConfig, Requested, SandboxRepo, TemplateRecord, TemplateRepo
 
 
@@ -216,3 +217,31 @@ async def test_requested_survives_the_store(env: Env) -> None:
     plain = await manager.create(CreateRequest(template="base"))
     again = await SandboxRepo(db).get(plain.id)
     assert again is not None and again.requested == Requested()
+
+
+# ----- proxy traffic to a paused sandbox ---------------------------------------------------------
+
+
+async def test_traffic_waits_for_a_connect_that_is_resuming(env: Env) -> None:
+    manager, runtime, _, _ = env
+    rec = await manager.create(CreateRequest(template="base"))  # no auto-resume
+    await manager.pause(rec.id)
+    assert await manager.wake(rec.id) is None  # paused: the proxy answers 502
+    gate, entered = asyncio.Event(), asyncio.Event()
+    resume = runtime.resume
+
+    async def slow_resume(spec: SandboxSpec, mode: PauseMode) -> SandboxHandle:
+        entered.set()
+        await gate.wait()
+        return await resume(spec, mode)
+
+    runtime.resume = slow_resume  # type: ignore[method-assign]
+    async with asyncio.TaskGroup() as group:
+        connecting = group.create_task(manager.connect(rec.id, None))
+        await entered.wait()
+        assert manager.get(rec.id).state == SandboxState.RESUMING
+        waking = group.create_task(manager.wake(rec.id))
+        await asyncio.sleep(0.01)
+        assert not waking.done()
+        gate.set()
+    assert waking.result() == connecting.result()[0].address is not None
