@@ -131,6 +131,7 @@ def test_list_order_started_after_template_and_stable_pages(node: Node, template
             assert set(seen) <= set(ids) | {b.sandbox_id for b in extra}
         with node.client() as c:
             assert c.get("/v2/sandboxes", params={"order": "sideways"}).status_code == 400
+            assert int(c.get("/v2/sandboxes", params={"limit": 1}).headers["x-total-running"]) >= len(ids)
             assert c.get("/v2/sandboxes", params={"startedAfter": "yesterday"}).status_code == 400
             v1 = c.get("/sandboxes", params={"metadata": f"tag={tag}"}).json()
             listed = [s["sandboxID"] for s in v1]

@@ -46,7 +46,9 @@ async def list_running(request: Request) -> Response:
 def _listed(request: Request, params: dict[str, str]) -> Response:
     svc = services(request)
     page, next_token = svc.manager.list(parse_list_query(params))
-    headers = {"x-next-token": next_token} if next_token else None
+    headers = {"x-total-running": str(len(svc.manager.running_ids()))}
+    if next_token:
+        headers["x-next-token"] = next_token
     return JSONResponse([listed_body(r) for r in page], headers=headers)
 
 
