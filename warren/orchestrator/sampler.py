@@ -47,7 +47,10 @@ class MetricsSampler:
     async def run(self) -> None:
         """Sample each bucket for the node's lifetime (one owned task; cancelled at shutdown)."""
         while True:
-            await self.tick()
+            try:
+                await self.tick()
+            except Exception:  # a measurement: never worth the node's other tasks (its TaskGroup)
+                log.exception("metrics sampling failed; trying again next bucket")
             now = self._clock()
             await asyncio.sleep(BUCKET_S - now % BUCKET_S + 0.05)
 
@@ -67,6 +70,9 @@ class MetricsSampler:
                 stats = await self._runtimes.of(sandbox.kind).stats(sandbox.id)
             except (WarrenError, OSError) as exc:
                 log.debug("metrics of %s not read: %s", sandbox.id, exc)
+                return None
+            except Exception:
+                log.exception("metrics of %s not read", sandbox.id)
                 return None
             if sandbox.state is not SandboxState.RUNNING or not self._table.holds(sandbox):
                 return None  # paused or killed while its counters were read

@@ -245,3 +245,26 @@ async def test_traffic_waits_for_a_connect_that_is_resuming(env: Env) -> None:
         assert not waking.done()
         gate.set()
     assert waking.result() == connecting.result()[0].address is not None
+
+
+async def test_a_failing_read_costs_one_sample_not_the_node(env: Env) -> None:
+    manager, runtime, clock, _ = env
+    rec = await manager.create(CreateRequest(template="base"))
+
+    async def broken(sandbox_id: str) -> SandboxStats:
+        raise ValueError("unparsable cgroup file")
+
+    stats = runtime.stats
+    runtime.stats = broken  # type: ignore[method-assign]
+    sampler = manager._parts.sampler
+    await sampler.tick()
+    assert sampler._series.get(rec.id) is None
+    runtime.stats = stats  # type: ignore[method-assign]
+    clock.now += 5
+    await sampler.tick()
+    assert len(await manager.metrics(rec.id)) == 1
+    runner = asyncio.create_task(manager.run_metrics())
+    await asyncio.sleep(0.05)
+    runner.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await runner
