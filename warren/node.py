@@ -250,6 +250,7 @@ async def _serve_locked(
                 serving = group.create_task(server.serve(), name="http-server")
                 timers = group.create_task(manager.run_timers(), name="ttl-timers")
                 reaper = group.create_task(manager.run_reaper(), name="exit-reaper")
+                sampler = group.create_task(manager.run_metrics(), name="metrics-sampler")
                 prewarm = group.create_task(node_runtimes.registry.prewarmer.run(), name="runtime-prewarm")
                 pool = group.create_task(manager.pool.run(), name="warm-pool")
                 while not server.started:
@@ -268,6 +269,7 @@ async def _serve_locked(
                 server.should_exit = True
                 timers.cancel()
                 reaper.cancel()
+                sampler.cancel()
                 prewarm.cancel()
                 pool.cancel()  # its finally stops the pooled sandboxes
                 await builds.aclose()

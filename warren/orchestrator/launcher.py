@@ -19,7 +19,7 @@ from ..ids import new_sandbox_id
 from ..runtime.base import Resources, RuntimeKind, SandboxSpec
 from ..runtime.registry import StagedRuntime
 from ..snapshots import SnapshotRepository
-from ..store import LifecyclePolicy, RuntimeBinding, SandboxRecord, TemplateRepo
+from ..store import LifecyclePolicy, Requested, RuntimeBinding, SandboxRecord, TemplateRepo
 from .agent import DEFAULT_USER, init_agent, init_sandbox, wait_healthy
 from .capacity import Capacity
 from .origin import Origin
@@ -57,6 +57,7 @@ class Launch:
     allow_internet: bool = True
     policy: LifecyclePolicy = field(default_factory=LifecyclePolicy)
     use_pool: bool = True
+    requested: Requested = field(default_factory=Requested)
 
 
 class Launcher:
@@ -95,6 +96,7 @@ class Launcher:
                 secure=req.secure,
                 allow_internet=req.allow_internet,
                 policy=req.lifecycle or LifecyclePolicy(),
+                requested=req.requested,
             )
         )
 
@@ -170,6 +172,7 @@ class Launcher:
             policy=launch.policy,
             binding=RuntimeBinding(runtime_hash=staged.runtime_hash if staged else None),
             origin=origin.snapshot_id,
+            requested=launch.requested,
         )
 
     async def _claim(self, launch: Launch, pooled: Pooled) -> SandboxRecord:

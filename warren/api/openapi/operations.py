@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 from .schemas import INT, STR, Schema, array, ref
 
 _LIMIT: Schema = {"type": "integer", "minimum": 1, "maximum": 1000}
+_LIST_QUERY: dict[str, Schema] = {
+    "metadata": STR, "state": STR, "limit": _LIMIT, "nextToken": STR,
+    "order": {"type": "string", "enum": ["asc", "desc"]}, "startedAfter": {"type": "string", "format": "date-time"},
+    "template": STR,
+}
 
 
 @dataclass(frozen=True)
@@ -40,11 +45,10 @@ OPERATIONS: tuple[Operation, ...] = (
               body=ref("NewSandbox"), body_required=True, answer=_SANDBOX),
     Operation("post", "/v2/sandboxes", "Create a sandbox", 201, (400, 401, 404, 409, 429, 503),
               body=ref("NewSandbox"), body_required=True, answer=_SANDBOX),
-    Operation("get", "/sandboxes", "List sandboxes (v1)", 200, (400, 401), answer=array(ref("ListedSandbox")),
-              query={"metadata": STR, "state": STR, "limit": _LIMIT, "nextToken": STR}),
-    Operation("get", "/v2/sandboxes", "List sandboxes (metadata, state, limit, nextToken)", 200, (400, 401),
-              answer=array(ref("ListedSandbox")),
-              query={"metadata": STR, "state": STR, "limit": _LIMIT, "nextToken": STR}),
+    Operation("get", "/sandboxes", "List running sandboxes (v1; metadata, order, startedAfter, template)", 200,
+              (400, 401), answer=array(ref("ListedSandbox")), query=_LIST_QUERY),
+    Operation("get", "/v2/sandboxes", "List sandboxes, newest first (state, order, startedAfter, template)", 200,
+              (400, 401), answer=array(ref("ListedSandbox")), query=_LIST_QUERY),
     Operation("get", "/sandboxes/{sandboxID}", "Get a sandbox", 200, (401, 404), answer=ref("SandboxDetail")),
     Operation("delete", "/sandboxes/{sandboxID}", "Kill a sandbox", 204, (401, 404)),
     Operation("post", "/sandboxes/{sandboxID}/timeout", "Set the sandbox timeout (from now)", 204, (400, 401, 404),
@@ -53,14 +57,16 @@ OPERATIONS: tuple[Operation, ...] = (
               200, (400, 401, 404, 409, 429), body=ref("ConnectSandbox"), answer=_SANDBOX),
     Operation("post", "/v2/sandboxes/{sandboxID}/connect", "Connect: resume a paused sandbox or extend a running one",
               200, (400, 401, 404, 409, 429), body=ref("ConnectSandbox"), answer=_SANDBOX),
-    Operation("get", "/sandboxes/{sandboxID}/metrics", "Sandbox metrics from cgroup counters", 200, (400, 401, 404),
-              answer=array(ref("SandboxMetric")), query={"start": INT, "end": INT}),
+    Operation("get", "/sandboxes/{sandboxID}/metrics", "Sandbox metrics: 5 s samples (start, end: unix seconds)",
+              200, (400, 401, 404), answer=array(ref("SandboxMetric")), query={"start": INT, "end": INT}),
+    Operation("get", "/sandboxes/metrics", "Newest metrics of up to 100 sandboxes (sandbox_ids)", 200, (400, 401),
+              answer=ref("SandboxesWithMetrics"), query={"sandbox_ids": STR}),
     Operation("post", "/sandboxes/{sandboxID}/pause", "Pause (memory kept unless memory=false)", 204,
               (400, 401, 404, 409), body=ref("SandboxPause")),
     Operation("post", "/sandboxes/{sandboxID}/resume", "Resume a paused sandbox (deprecated: connect)", 201,
               (400, 401, 404, 409, 429), body=ref("ResumedSandbox"), answer=_SANDBOX),
-    Operation("post", "/sandboxes/{sandboxID}/fork", "Fork into independent children", 201, (400, 401, 404, 409),
-              body=ref("SandboxFork"), answer=array(ref("SandboxForkResult"))),
+    Operation("post", "/sandboxes/{sandboxID}/fork", "Fork into 1-100 children (409: paused)", 201,
+              (400, 401, 404, 409, 429), body=ref("SandboxFork"), answer=array(ref("SandboxForkResult"))),
     Operation("post", "/sandboxes/{sandboxID}/snapshots", "Snapshot a sandbox; it keeps running", 201,
               (400, 401, 404, 409), body=ref("SnapshotRequest"), answer=ref("SnapshotInfo")),
     # ----- snapshots

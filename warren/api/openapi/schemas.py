@@ -94,7 +94,8 @@ SCHEMAS: dict[str, Schema] = {
     "ListedSandbox": obj({**_LISTED, "alias": nullable(STR)}, _LISTED_REQUIRED),
     "SandboxDetail": obj(
         {**_LISTED, "alias": nullable(STR), "envdAccessToken": nullable(STR), "allowInternetAccess": nullable(BOOL),
-         "domain": nullable(STR), "network": ref("SandboxNetworkConfig"), "lifecycle": ref("SandboxLifecycle"),
+         "domain": nullable(STR), "network": nullable(ref("SandboxNetworkConfig")),
+         "lifecycle": ref("SandboxLifecycle"),
          "pauseMode": {"type": "string", "enum": ["full", "filesystem"]}},
         _LISTED_REQUIRED,
     ),
@@ -103,6 +104,7 @@ SCHEMAS: dict[str, Schema] = {
     "SandboxTimeout": obj({"timeout": {"type": "integer", "minimum": 0}}, ("timeout",)),
     "SandboxPause": obj({"memory": {"type": "boolean", "description": "false: keep the disk only"}}),
     "SandboxMetric": _METRIC,
+    "SandboxesWithMetrics": obj({"sandboxes": {"type": "object", "additionalProperties": _METRIC}}, ("sandboxes",)),
     "SandboxFork": obj({"count": {"type": "integer", "minimum": 1}, "timeout": {"type": "integer", "minimum": 0}}),
     "SandboxForkResult": obj({"sandbox": ref("Sandbox"), "error": ref("Error")}),
     # ----- snapshots
