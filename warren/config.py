@@ -91,6 +91,9 @@ class Settings:
     sandbox_disk_mb: int | None = None
     """When set, the disk size of every sandbox this node starts, instead of its template's ``diskSizeMB``
     (``WARREN_SANDBOX_DISK_MB``)."""
+    profile_file: Path | None = None
+    """Append the wall-clock phases of API operations to this file as JSON lines (``WARREN_PROFILE``;
+    ``bench --profile``). See ``warren.phases``."""
 
     @classmethod
     def from_env(cls, state_dir: Path, **overrides: object) -> Settings:
@@ -145,6 +148,7 @@ _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
     "WARREN_IMPORT_ROOTS": ("import_roots", _paths),
     "WARREN_DISK_QUOTA": ("disk_quota", lambda text: text.strip().lower() not in ("0", "false", "no", "off")),
     "WARREN_SANDBOX_DISK_MB": ("sandbox_disk_mb", int),
+    "WARREN_PROFILE": ("profile_file", Path),
 }
 """Environment variable → (Settings field, parser), applied by :meth:`Settings.from_env`."""
 

@@ -77,6 +77,7 @@ def create_app(services: Services, *, max_keepalive: int = 512) -> tuple[ASGIApp
         services.settings.domain,
         wake=services.manager.wake,
         traffic_token=services.manager.traffic_token,
+        ended=services.manager.ended,
         max_keepalive=max_keepalive,
     )
     return _OriginFormOnly(proxy), proxy

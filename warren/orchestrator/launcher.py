@@ -12,13 +12,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import phases
 from ..config import Settings
 from ..errors import InvalidRequestError, NotFoundError, RuntimeFailure
 from ..ids import new_sandbox_id
 from ..runtime.base import Resources, RuntimeKind, SandboxSpec
 from ..runtime.registry import StagedRuntime
 from ..snapshots import SnapshotRepository
-from ..store import IngressPolicy, LifecyclePolicy, RuntimeBinding, SandboxRecord, TemplateRepo
+from ..store import IngressPolicy, LifecyclePolicy, Requested, RuntimeBinding, SandboxRecord, TemplateRepo
 from .agent import DEFAULT_USER, init_agent, init_sandbox, wait_healthy
 from .capacity import Capacity
 from .origin import Origin
@@ -57,6 +58,7 @@ class Launch:
     public_traffic: bool = True
     policy: LifecyclePolicy = field(default_factory=LifecyclePolicy)
     use_pool: bool = True
+    requested: Requested = field(default_factory=Requested)
 
 
 def _ingress(public: bool) -> IngressPolicy:
@@ -101,6 +103,7 @@ class Launcher:
                 allow_internet=req.allow_internet,
                 public_traffic=req.public_traffic,
                 policy=req.lifecycle or LifecyclePolicy(),
+                requested=req.requested,
             )
         )
 
@@ -140,6 +143,7 @@ class Launcher:
             self._runtimes.available(kind)
             usable = launch.use_pool and source is None and launch.allow_internet
             pooled = self.pool.claim(launch.origin, kind) if usable else None
+            phases.qualify(f"{kind.value}-{'pool' if pooled else 'snapshot' if source else 'cold'}")
             if pooled is not None:
                 try:
                     if launch.origin.start_cmd is None:
@@ -175,6 +179,7 @@ class Launcher:
             policy=launch.policy,
             binding=RuntimeBinding(runtime_hash=staged.runtime_hash if staged else None),
             origin=origin.snapshot_id,
+            requested=launch.requested,
             ingress=_ingress(launch.public_traffic),
         )
 

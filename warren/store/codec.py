@@ -14,9 +14,11 @@ from .records import (
     ImageConfig,
     IngressPolicy,
     LifecyclePolicy,
+    NetworkConfig,
     OnTimeout,
     PauseMode,
     Provenance,
+    Requested,
     RuntimeBinding,
 )
 
@@ -69,6 +71,32 @@ def ingress_to_json(ingress: IngressPolicy) -> str:
 
 def ingress_of(raw: dict[str, Any]) -> IngressPolicy:
     return IngressPolicy(public=bool(raw.get("public", True)), traffic_token=_opt_str(raw.get("traffic_token")))
+
+
+def requested_to_json(req: Requested) -> str:
+    net = req.network
+    network = None
+    if net is not None:
+        network = {
+            "allow_public_traffic": net.allow_public_traffic,
+            "allow_out": list(net.allow_out) if net.allow_out is not None else None,
+            "deny_out": list(net.deny_out) if net.deny_out is not None else None,
+        }
+    return _dump({"allow_internet_access": req.allow_internet_access, "network": network})
+
+
+def requested_of(raw: dict[str, Any]) -> Requested:
+    allow = raw.get("allow_internet_access")
+    net = raw.get("network")
+    network = None
+    if isinstance(net, dict):
+        public = net.get("allow_public_traffic")
+        network = NetworkConfig(
+            allow_public_traffic=bool(public) if public is not None else None,
+            allow_out=_strs(net["allow_out"]) if net.get("allow_out") is not None else None,
+            deny_out=_strs(net["deny_out"]) if net.get("deny_out") is not None else None,
+        )
+    return Requested(allow_internet_access=bool(allow) if allow is not None else None, network=network)
 
 
 def provenance_json(p: Provenance) -> dict[str, Any]:

@@ -1,11 +1,12 @@
 """Frozen records the store returns. They carry data only; behaviour lives in the orchestrator.
 
-A sandbox record is flat columns plus four typed sub-records, each stored as one JSON column:
+A sandbox record is flat columns plus five typed sub-records, each stored as one JSON column:
 
     image     ImageConfig      layers, env, workdir, user: what resume and snapshot need of its template
     policy    LifecyclePolicy  what a timeout does, whether traffic wakes it, how a timeout pauses
     binding   RuntimeBinding   the runtime hash it runs on, its init pid, how it was last paused
     origin    str | None       the snapshot it was restored from (``from_snapshot``), if any
+    requested Requested        what the create asked for (internet access, network), as asked
     ingress   IngressPolicy    who may reach its ports (E2B's ``allowPublicTraffic`` and traffic token)
 """
 
@@ -66,6 +67,23 @@ class RuntimeBinding:
 
 
 @dataclass(frozen=True)
+class NetworkConfig:
+    """The ``network`` object a create sent (E2B's ``SandboxNetworkConfig``), the parts warren applies."""
+
+    allow_public_traffic: bool | None = None
+    allow_out: tuple[str, ...] | None = None
+    deny_out: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Requested:
+    """What a create asked for, as it asked (``get_info`` shows it; None: not set at create)."""
+
+    allow_internet_access: bool | None = None
+    network: NetworkConfig | None = None
+
+
+@dataclass(frozen=True)
 class IngressPolicy:
     """Who may reach the sandbox's ports other than envd's through the proxy (E2B's private traffic)."""
 
@@ -97,6 +115,7 @@ class SandboxRecord:
     binding: RuntimeBinding = field(default_factory=RuntimeBinding)
     origin: str | None = None
     """The snapshot this sandbox was restored from, if any."""
+    requested: Requested = field(default_factory=Requested)
     ingress: IngressPolicy = field(default_factory=IngressPolicy)
 
 
