@@ -18,6 +18,8 @@ a section that fails records ``{"error": ...}`` and the others still run:
   vs not (``WARREN_DISK_QUOTA``), interleaved; the disk steps alone (template copy vs mkfs per sandbox).
 * ``throughput`` (bench/throughput.py): sustained creates/s from a warm pool at 4 and 8 concurrent
   clients, the pool's refill rate alone, and the claim rate alone (pool cannot refill).
+* ``domain`` (bench/domain.py): ``commands.run`` in domain mode (HTTPS, host routing, no
+  ``E2B_SANDBOX_URL``) vs header mode, on two nodes, interleaved.
 
 ``leftovers`` lists anything the benchmark's nodes left on the host (it should be empty). Numbers
 are wall-clock on a possibly shared host: ``machine.loadavg_*`` says how busy it was.
@@ -53,7 +55,7 @@ TARGETS = {
     "disk_create_to_first_command_on_vs_off_p50_ratio": "<= 1.1",
     "warm_pool_creates_per_s": ">= 30",
 }
-SECTIONS = ("sandboxes", "templates", "lifecycle", "node", "hardening", "disk", "throughput")
+SECTIONS = ("sandboxes", "templates", "lifecycle", "node", "hardening", "disk", "throughput", "domain")
 
 
 def _machine() -> dict[str, Any]:
@@ -178,6 +180,10 @@ def main() -> None:
             from bench.throughput import run_throughput
 
             results["throughput"] = section(lambda: run_throughput(work / "throughput", runsc, scale))
+        if "domain" in only:
+            from bench.domain import run_domain
+
+            results["domain"] = section(lambda: run_domain(work / "domain", runsc, scale))
         cleanup_bare_cgroups()
         report["leftovers"] = leftovers(work, baseline)
         if report["leftovers"]:

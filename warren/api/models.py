@@ -21,6 +21,14 @@ from ..store import NetworkConfig, OnTimeout, PauseMode, Requested, SandboxRecor
 ENVD_VERSION = "0.6.4"
 """The envd version the guest agent implements; the SDK unlocks features up to it."""
 CLIENT_ID = "warren"
+NO_DOMAIN = "no-domain.set-e2b-sandbox-url.invalid"
+"""The ``domain`` answered by a node without ``--domain`` (header mode). Null would send the SDK to its
+default, E2B's own cloud; a name under ``.invalid`` (RFC 2606: never resolves) fails at once, naming
+what to do. ``E2B_SANDBOX_URL`` takes precedence over it in the SDK, so header mode works as before."""
+
+
+def answered_domain(domain: str | None) -> str:
+    return domain if domain is not None else NO_DOMAIN
 
 
 def parse_json_object(raw: bytes, *, allow_empty: bool = True) -> dict[str, Any]:
@@ -80,6 +88,7 @@ def parse_create(body: dict[str, Any]) -> CreateRequest:
         env_vars=_str_map(body, "envVars"),
         secure=secure is not False,
         allow_internet=allow is not False and not denies_all,
+        public_traffic=network is None or network.allow_public_traffic is not False,
         runtime=runtime,
         requested=Requested(allow_internet_access=allow, network=network),
     )
@@ -90,8 +99,8 @@ _NETWORK_UNSUPPORTED = ("egressProxy", "maskRequestHost", "rules", "dnsServers",
 
 
 def parse_network(value: object) -> NetworkConfig | None:
-    """E2B's ``network`` object, the parts warren applies: ``allowPublicTraffic`` (true: warren has no
-    traffic tokens) and ``denyOut`` of all traffic (the same as ``allow_internet_access: false``).
+    """E2B's ``network`` object, the parts warren applies: ``allowPublicTraffic`` (false: private traffic,
+    a traffic token per sandbox) and ``denyOut`` of all traffic (the same as ``allow_internet_access: false``).
     Anything warren would not enforce is a 400 naming it, never silently ignored."""
     if value is None:
         return None
@@ -103,8 +112,6 @@ def parse_network(value: object) -> NetworkConfig | None:
     public = value.get("allowPublicTraffic")
     if public is not None and not isinstance(public, bool):
         raise InvalidRequestError("network.allowPublicTraffic must be a boolean")
-    if public is False:
-        raise InvalidRequestError("network.allowPublicTraffic=false is not supported by warren (no traffic tokens)")
     allow_out, deny_out = _str_list(value, "allowOut"), _str_list(value, "denyOut")
     if allow_out:
         raise InvalidRequestError("network.allowOut is not supported by warren: egress is all or nothing")
@@ -200,8 +207,8 @@ def sandbox_body(rec: SandboxRecord, domain: str | None) -> dict[str, Any]:
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": rec.access_token,
-        "trafficAccessToken": None,
-        "domain": domain,
+        "trafficAccessToken": rec.ingress.traffic_token,
+        "domain": answered_domain(domain),
     }
 
 
@@ -230,7 +237,7 @@ def detail_body(rec: SandboxRecord, domain: str | None) -> dict[str, Any]:
         **listed_body(rec),
         "envdAccessToken": rec.access_token,
         "allowInternetAccess": rec.requested.allow_internet_access,
-        "domain": domain,
+        "domain": answered_domain(domain),
         "lifecycle": {
             "autoResume": rec.policy.auto_resume,
             "onTimeout": rec.policy.on_timeout.value,

@@ -5,6 +5,7 @@ from .db import Database
 from .records import (
     CacheEntry,
     ImageConfig,
+    IngressPolicy,
     LifecyclePolicy,
     NetworkConfig,
     OnTimeout,
@@ -21,6 +22,7 @@ __all__ = [
     "CacheEntry",
     "Database",
     "ImageConfig",
+    "IngressPolicy",
     "LifecyclePolicy",
     "NetworkConfig",
     "OnTimeout",

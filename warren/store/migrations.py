@@ -4,6 +4,7 @@
     1 -> 2   ``sandboxes.extra`` (one JSON dict of 11 string keys) split into the typed JSON columns
              ``image``, ``policy``, ``binding`` and ``origin``; ``extra`` is dropped
     2 -> 3   ``sandboxes.requested``: what the create asked for (``{}`` for older sandboxes: not set)
+    3 -> 4   ``sandboxes.ingress`` (JSON ``IngressPolicy``: private traffic and its token), ``{}`` (public)
 
 Every upgrade runs in one transaction with the version bump: a crash leaves the old schema whole.
 """
@@ -15,7 +16,7 @@ from collections.abc import Callable
 
 from . import codec
 
-VERSION = 3
+VERSION = 4
 
 _TABLES = (
     """
@@ -39,7 +40,8 @@ _TABLES = (
         policy TEXT NOT NULL DEFAULT '{}',
         binding TEXT NOT NULL DEFAULT '{}',
         origin TEXT,
-        requested TEXT NOT NULL DEFAULT '{}'
+        requested TEXT NOT NULL DEFAULT '{}',
+        ingress TEXT NOT NULL DEFAULT '{}'
     )
     """,
     "CREATE INDEX IF NOT EXISTS sandboxes_started ON sandboxes(started_at, id)",
@@ -102,7 +104,12 @@ def _to_3(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE sandboxes ADD COLUMN requested TEXT NOT NULL DEFAULT '{}'")
 
 
-_UPGRADES: dict[int, Callable[[sqlite3.Connection], None]] = {1: _to_1, 2: _to_2, 3: _to_3}
+def _to_4(conn: sqlite3.Connection) -> None:
+    if "ingress" not in _columns(conn, "sandboxes"):
+        conn.execute("ALTER TABLE sandboxes ADD COLUMN ingress TEXT NOT NULL DEFAULT '{}'")
+
+
+_UPGRADES: dict[int, Callable[[sqlite3.Connection], None]] = {1: _to_1, 2: _to_2, 3: _to_3, 4: _to_4}
 """Target version -> the step that reaches it from the one before."""
 
 

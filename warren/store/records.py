@@ -7,6 +7,7 @@ A sandbox record is flat columns plus five typed sub-records, each stored as one
     binding   RuntimeBinding   the runtime hash it runs on, its init pid, how it was last paused
     origin    str | None       the snapshot it was restored from (``from_snapshot``), if any
     requested Requested        what the create asked for (internet access, network), as asked
+    ingress   IngressPolicy    who may reach its ports (E2B's ``allowPublicTraffic`` and traffic token)
 """
 
 from __future__ import annotations
@@ -83,6 +84,16 @@ class Requested:
 
 
 @dataclass(frozen=True)
+class IngressPolicy:
+    """Who may reach the sandbox's ports other than envd's through the proxy (E2B's private traffic)."""
+
+    public: bool = True
+    """False: every request to a port but envd's must carry ``traffic_token`` (``e2b-traffic-access-token``)."""
+    traffic_token: str | None = None
+    """The token a private sandbox's create and connect answers carry; None for a public one."""
+
+
+@dataclass(frozen=True)
 class SandboxRecord:
     id: str
     template_id: str
@@ -105,6 +116,7 @@ class SandboxRecord:
     origin: str | None = None
     """The snapshot this sandbox was restored from, if any."""
     requested: Requested = field(default_factory=Requested)
+    ingress: IngressPolicy = field(default_factory=IngressPolicy)
 
 
 @dataclass(frozen=True)

@@ -200,7 +200,9 @@ def test_create_keeps_what_it_asked_for() -> None:
     assert req.requested == Requested(None, NetworkConfig(allow_public_traffic=True, deny_out=("0.0.0.0/0",)))
     assert parse_create({"templateID": "base"}).requested == Requested()
     assert parse_create({"templateID": "base", "allow_internet_access": False}).requested.allow_internet_access is False
-    for network in ({"allowOut": ["1.1.1.1"]}, {"denyOut": ["10.0.0.0/8"]}, {"allowPublicTraffic": False},
+    private = parse_create({"templateID": "base", "network": {"allowPublicTraffic": False}})
+    assert private.public_traffic is False and private.requested.network == NetworkConfig(allow_public_traffic=False)
+    for network in ({"allowOut": ["1.1.1.1"]}, {"denyOut": ["10.0.0.0/8"]}, {"allowPublicTraffic": "no"},
                     {"maskRequestHost": "x"}, {"rules": {"a.com": [{}]}}, "all", {"denyOut": "0.0.0.0/0"}):  # fmt: skip
         with pytest.raises(InvalidRequestError):
             parse_create({"templateID": "base", "network": network})

@@ -22,6 +22,7 @@ from warren.runtime.base import PauseMode, RuntimeKind, RuntimeState, SandboxHan
 from warren.store import (
     Database,
     ImageConfig,
+    IngressPolicy,
     LifecyclePolicy,
     OnTimeout,
     SandboxRepo,
@@ -83,6 +84,7 @@ async def test_old_records_read_as_typed_sub_records(tmp_path: Path) -> None:
     assert {r.binding.runtime_hash for r in records.values()} == {HASH}
     assert run.origin is not None and run.origin.startswith("s") and mem.origin is None
     assert mem.env_vars == {"A": "1"} and mem.state == "paused"
+    assert {r.ingress for r in records.values()} == {IngressPolicy()}  # older sandboxes are public
 
 
 async def test_migrated_schema_equals_a_new_one_and_reopens(tmp_path: Path) -> None:
