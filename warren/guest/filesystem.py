@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .connect import Call, Message, Method, get_bool, get_int, get_str, server_stream, unary
 from .errors import RpcError, rpc_error_from_os
+from .metadata import read as read_metadata
 from .users import Accounts, PathError, User, ensure_dirs, resolve_path
 from .watch import Watcher, start_watcher
 
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 MAX_STORED_EVENTS = 10_000
 """Events a watcher holds for its client: a CreateWatcher watcher keeps the newest this many between
 two GetWatcherEvents; a WatchDir stream drops new events while this many wait to be sent."""
-METADATA_PREFIX = "user.e2b."
 
 _TYPE_FILE = "FILE_TYPE_FILE"
 _TYPE_DIR = "FILE_TYPE_DIRECTORY"
@@ -84,24 +84,6 @@ def rfc3339(ns: int) -> str:
     return text + "Z"
 
 
-def read_metadata(path: str) -> dict[str, str]:
-    """``user.e2b.*`` extended attributes (the SDK's file metadata)."""
-    try:
-        names = os.listxattr(path, follow_symlinks=False)
-    except OSError:
-        return {}
-    out: dict[str, str] = {}
-    for name in names:
-        if name.startswith(METADATA_PREFIX):
-            try:
-                out[name[len(METADATA_PREFIX) :]] = os.getxattr(path, name, follow_symlinks=False).decode(
-                    "utf-8", "replace"
-                )
-            except OSError:
-                continue
-    return out
-
-
 def entry_info(accounts: Accounts, path: str, *, report_path: str | None = None) -> Message:
     """The EntryInfo of ``path`` (not following a final symlink; its target's type is reported)."""
     st = os.lstat(path)
@@ -134,7 +116,7 @@ def entry_info(accounts: Accounts, path: str, *, report_path: str | None = None)
     if target is not None:
         info["symlinkTarget"] = target
         info["isSymlink"] = True
-    metadata = read_metadata(path)
+    metadata = read_metadata(path)  # through a final symlink, as envd reads them
     if metadata:
         info["metadata"] = metadata
     return info
