@@ -340,6 +340,7 @@ class OciBackendBase:
             hardened=self.hardened,
             uid_range=record.uid_range,
             tmp_dir=rootfs_tmp if self.kind is RuntimeKind.GVISOR else None,
+            tmp_tmpfs=spec.tmp_tmpfs,
             boot_id=paths.boot_id if self.kind is RuntimeKind.GVISOR or self._mount_binary else None,
             mount_binary=self._mount_binary,
         )
