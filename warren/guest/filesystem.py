@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .connect import Call, Message, Method, get_bool, get_int, get_str, server_stream, unary
 from .errors import RpcError, rpc_error_from_os
 from .metadata import read as read_metadata
+from .mounts import is_network_mount
 from .users import Accounts, PathError, User, ensure_dirs, resolve_path
 from .watch import Watcher, start_watcher
 
@@ -276,16 +277,23 @@ def _watch_args(call: Call, msg: Message) -> tuple[str, bool, bool]:
         raise rpc_error_from_os(exc, "error statting path") from None
     if not stat.S_ISDIR(st.st_mode):
         raise RpcError("invalid_argument", f"path {path} not a directory")
+    if not get_bool(msg, "allow_network_mounts") and is_network_mount(path):
+        raise RpcError("invalid_argument", f"cannot watch path on network filesystem: {path}")
     return path, bool(get_bool(msg, "recursive")), bool(get_bool(msg, "include_entry"))
+
+
+_CARRY_ENTRY = frozenset({"CREATE", "WRITE", "CHMOD"})
+"""Events whose path still names their entry (envd's opCarriesEntry): a remove or rename never carries
+one, as a stat could find a replacement made at the same path since."""
 
 
 def _event(accounts: Accounts, root: str, path: str, kind: str, include_entry: bool) -> Message:
     event: Message = {"name": os.path.relpath(path, root), "type": f"EVENT_TYPE_{kind}"}
-    if include_entry:
+    if include_entry and kind in _CARRY_ENTRY:
         try:
             event["entry"] = entry_info(accounts, path)
         except OSError:
-            pass  # gone already (remove, rename away)
+            pass  # gone already (removed or renamed since)
     return event
 
 
