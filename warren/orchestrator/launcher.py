@@ -16,10 +16,20 @@ from .. import phases
 from ..config import Settings
 from ..errors import InvalidRequestError, NotFoundError, RuntimeFailure
 from ..ids import new_sandbox_id
+from ..names import DEFAULT_TAG, split_reference
 from ..runtime.base import Resources, RuntimeKind, SandboxSpec
 from ..runtime.registry import StagedRuntime
 from ..snapshots import SnapshotRepository
-from ..store import IngressPolicy, LifecyclePolicy, Requested, RuntimeBinding, SandboxRecord, TemplateRepo
+from ..store import (
+    IngressPolicy,
+    LifecyclePolicy,
+    Requested,
+    RuntimeBinding,
+    SandboxRecord,
+    TemplateRecord,
+    TemplateRepo,
+    build_id_of,
+)
 from .agent import DEFAULT_USER, init_agent, init_sandbox, wait_healthy
 from .capacity import Capacity
 from .origin import Origin
@@ -91,10 +101,11 @@ class Launcher:
 
     async def create(self, req: CreateRequest) -> SandboxRecord:
         """A new sandbox from a template, or from a snapshot named by id or name."""
-        origin = await self.resolve(req.template)
+        origin, current = await self._resolve(req.template)
         return await self.launch(
             Launch(
                 origin,
+                use_pool=current,
                 runtime=req.runtime,
                 timeout_s=req.timeout_s,
                 metadata=req.metadata,
@@ -108,10 +119,36 @@ class Launcher:
         )
 
     async def resolve(self, name: str) -> Origin:
-        """A template by id or name (its sealed memory snapshot when it has one), else a snapshot.
+        """A template by id, name or ``name:tag`` (its sealed memory snapshot when it has one), else a snapshot.
 
         The snapshot repository reads manifests from disk: that runs in a worker thread."""
+        return (await self._resolve(name))[0]
+
+    async def _resolve(self, name: str) -> tuple[Origin, bool]:
+        """The origin, and whether it is a template's current build (what its warm pool holds)."""
         template = await self._templates.find(name)
+        if template is None and ":" in name:
+            template, current = await self._tagged(name)
+            if template is not None and not current:
+                return Origin.of_template(template), False
+        return await self._resolve_current(name, template), True
+
+    async def _tagged(self, name: str) -> tuple[TemplateRecord | None, bool]:
+        """``name:tag``: the build the tag names and whether it is the template's current one; None
+        when no template has that name, or none has the tag but a snapshot has the whole name."""
+        base, tag = split_reference(name)
+        template = await self._templates.find(base)
+        if template is None:
+            return None, True
+        build = await self._templates.tags.build(template, tag or DEFAULT_TAG)
+        if build is None:
+            snapshots = self._snapshots
+            if snapshots is not None and await asyncio.to_thread(snapshots.find, name) is not None:
+                return None, True
+            raise NotFoundError(f"template '{base}' with tag '{tag}' not found")
+        return build, build_id_of(build) == build_id_of(template)
+
+    async def _resolve_current(self, name: str, template: TemplateRecord | None) -> Origin:
         snapshots = self._snapshots
         if snapshots is None:
             if template is None:

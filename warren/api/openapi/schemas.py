@@ -119,6 +119,10 @@ SCHEMAS: dict[str, Schema] = {
     "TemplateBuild": _BUILD,
     "TemplateWithBuilds": {"allOf": [_TEMPLATE, obj({"builds": array(ref("TemplateBuild"))}, ("builds",))]},
     "TemplateAliasResponse": obj({"templateID": STR, "public": BOOL}, ("templateID", "public")),
+    "AssignTemplateTagsRequest": obj({"target": STR, "tags": array(STR)}, ("target", "tags")),
+    "DeleteTemplateTagsRequest": obj({"name": STR, "tags": array(STR)}, ("name", "tags")),
+    "AssignedTemplateTags": obj({"tags": array(STR), "buildID": STR}, ("tags", "buildID")),
+    "TemplateTag": obj({"tag": STR, "buildID": STR, "createdAt": TIME}, ("tag", "buildID", "createdAt")),
     "TemplateBuildRequestV3": obj(
         {"name": STR, "alias": STR, "tags": array(STR), "cpuCount": INT, "memoryMB": INT, "teamID": STR,
          "runtime": {"type": "string", "description": "warren: the runtime of the template's sandboxes"}},
