@@ -79,5 +79,6 @@ def create_app(services: Services, *, max_keepalive: int = 512) -> tuple[ASGIApp
         traffic_token=services.manager.traffic_token,
         ended=services.manager.ended,
         max_keepalive=max_keepalive,
+        token_holder=services.manager.holder_of_token,
     )
     return _OriginFormOnly(proxy), proxy

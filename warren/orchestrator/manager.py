@@ -164,6 +164,9 @@ class SandboxManager:
             return None
         return sandbox.record.ingress.traffic_token
 
+    def holder_of_token(self, token: str) -> str | None:
+        return self._parts.table.holder_of_token(token)
+
     def list(self, query: ListQuery) -> tuple[builtins.list[SandboxRecord], str | None]:
         return self._parts.table.list(query)
 
