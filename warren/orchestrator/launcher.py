@@ -18,6 +18,7 @@ from ..errors import InvalidRequestError, NotFoundError, RuntimeFailure
 from ..ids import new_sandbox_id
 from ..names import DEFAULT_TAG, split_reference
 from ..runtime.base import Resources, RuntimeKind, SandboxSpec
+from ..runtime.oci.layout import SandboxPaths
 from ..runtime.registry import StagedRuntime
 from ..snapshots import SnapshotRepository
 from ..store import (
@@ -37,6 +38,7 @@ from .pool import Pooled, WarmPool
 from .requests import CreateRequest, ttl_seconds
 from .runtimes import AGENT_START_DEADLINE_S, RuntimeSet
 from .sandbox import Sandbox
+from .sandboxlogs import LogLine, SandboxLogs, agent_lines
 from .startcmd import run_start_command
 from .states import SandboxState
 from .table import SandboxTable
@@ -95,6 +97,8 @@ class Launcher:
         self._templates = templates
         self._snapshots = snapshots
         self._clock = clock
+        self.logs = SandboxLogs(clock)
+        """The start commands' output (:mod:`warren.orchestrator.sandboxlogs`)."""
         self.pool = WarmPool(self._pool_start, self._pool_stop, default_size=settings.warm_pool_size,
                              room=capacity.pool_room)  # fmt: skip
         capacity.attach_pool(self.pool)
@@ -164,6 +168,12 @@ class Launcher:
         if manifest is None:
             raise NotFoundError(f"template '{name}' not found")
         return Origin.of_snapshot(manifest, snapshots.data_dir(manifest.snapshot_id))
+
+    async def sandbox_logs(self, sandbox_id: str) -> list[LogLine]:
+        """The start command's output and the agent's log (the tail of its ``runtime.log``), oldest first."""
+        agent_log = SandboxPaths(self._settings.state_dir / "sandboxes" / sandbox_id).log
+        agent = await asyncio.to_thread(agent_lines, agent_log)
+        return sorted([*agent, *self.logs.lines(sandbox_id)], key=lambda line: line.at)
 
     async def launch(self, launch: Launch) -> SandboxRecord:
         """Start one sandbox and hand it its /init, holding a slot of the node's cap throughout (429
@@ -279,9 +289,14 @@ class Launcher:
         await wait_healthy(handle.address, handle.agent_port, deadline)
         previous = pooled.access_token if pooled else origin.agent_token
         await init_sandbox(sandbox.record, handle.address, handle.agent_port, previous_token=previous)
-        await run_start_command(
-            origin, handle, sandbox.record.access_token, fresh=source is None, settings=self._settings
-        )
+        # The start command's output is followed on runc only: a gVisor checkpoint (pause, snapshot,
+        # the template's seal) panics in runsc while the node holds that stream open.
+        followed = sandbox.kind is RuntimeKind.RUNC and bool(origin.start_cmd) and source is None
+        if followed:
+            self.logs.prune(self._table.known_ids())
+        await run_start_command(origin, handle, sandbox.record.access_token, fresh=source is None,
+                                settings=self._settings, logs=self.logs if followed else None,
+                                sandbox_id=sandbox.id)  # fmt: skip
         await sandbox.set_state(SandboxState.RUNNING)
         self._table.exits.watch(sandbox.id, handle.init_pid)
 
