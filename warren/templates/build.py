@@ -142,6 +142,7 @@ class BuildService:
         """``POST /v3/templates``: reserve a build of template ``name`` (new, or a new build of it).
 
         ``name:tag`` is ``name`` with ``tag`` added to ``tags`` (E2B); no tags at all means ``default``."""
+        validate_name(name)  # the whole reference first: reserved forms (template:...) are refused as they are
         name, tag = split_reference(name)
         tags = validate_tags([*tags, tag] if tag is not None and tag != DEFAULT_TAG else list(tags))
         validate_name(name)
