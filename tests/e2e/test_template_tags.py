@@ -37,6 +37,8 @@ def tagged(request: pytest.FixtureRequest, node: Node) -> Iterator[str]:
         if not probe.get("available"):
             pytest.skip(f"gVisor unavailable on this node: {probe.get('reason')}")
     name = f"tags-{runtime}-{uuid.uuid4().hex[:6]}"
+    layers = node.state_dir / "layers"
+    before = {p.name for p in layers.iterdir()} if layers.is_dir() else set()
     with pytest.MonkeyPatch.context() as mp:  # the autouse SDK env is per test; this fixture is per module
         for k, v in node.env().items():
             mp.setenv(k, v)
@@ -50,6 +52,8 @@ def tagged(request: pytest.FixtureRequest, node: Node) -> Iterator[str]:
                 if box.get("alias") == name:
                     c.delete(f"/sandboxes/{box['sandboxID']}")
             assert c.delete(f"/templates/{name}").status_code in (204, 404)
+        # Both builds' layers (the default's and the one only a tag kept) were collected with the template.
+        assert {p.name for p in layers.iterdir() if p.name.startswith("build-")} <= before
 
 
 def _marker(template: str) -> str:

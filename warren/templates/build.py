@@ -307,11 +307,12 @@ class BuildService:
         for build in self._builds.values():
             if build.running and record.id in (build.base_template_id, build.template_id):
                 raise ConflictError(f"template '{record.name}' is used by build {build.build_id}")
+        tagged = [r for r in await self._templates.tags.builds() if r.id == record.id]
         async with self.layers.lock:
             await self._templates.delete(record.id)
         if self.on_deleted is not None:
             await self.on_deleted(record)
-        await self.gc(candidates=record.layers)
+        await self.gc(candidates=[*record.layers, *(p for r in tagged for p in r.layers)])
         return record
 
 
