@@ -280,6 +280,7 @@ async def _serve_locked(
                 prewarm.cancel()
                 pool.cancel()  # its finally stops the pooled sandboxes
                 await builds.aclose()
+                await manager.logs.aclose()
                 await node_runtimes.aclose()  # releases of the sandboxes just paused
         finally:
             await proxy.aclose()

@@ -6,7 +6,6 @@ import datetime
 import json
 import math
 import time
-import uuid
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
@@ -16,7 +15,7 @@ from ..orchestrator.metrics import MetricSample
 from ..orchestrator.requests import CreateRequest, Lifecycle, ListQuery, Order
 from ..orchestrator.states import SandboxState, public_state
 from ..snapshots import SnapshotManifest
-from ..store import NetworkConfig, OnTimeout, PauseMode, Requested, SandboxRecord, TemplateRecord
+from ..store import NetworkConfig, OnTimeout, PauseMode, Requested, SandboxRecord, TemplateRecord, build_id_of
 
 ENVD_VERSION = "0.6.4"
 """The envd version the guest agent implements; the SDK unlocks features up to it."""
@@ -280,12 +279,6 @@ def snapshot_body(m: SnapshotManifest) -> dict[str, Any]:
         "memory": m.memory,
         "createdAt": rfc3339(m.created_at),
     }
-
-
-def build_id_of(rec: TemplateRecord) -> str:
-    """The template's current build id (imported templates get a stable one derived from their id)."""
-    value = rec.build.build_id
-    return value if value else str(uuid.uuid5(uuid.NAMESPACE_URL, f"warren:template:{rec.id}"))
 
 
 def template_body(rec: TemplateRecord) -> dict[str, Any]:

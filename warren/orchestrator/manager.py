@@ -38,6 +38,7 @@ from .requests import CreateRequest, ListQuery
 from .runtimes import RuntimeSet
 from .sampler import MetricsSampler
 from .sandbox import Sandbox
+from .sandboxlogs import LogLine, SandboxLogs
 from .snapshotting import MAX_FORKS, Snapshotter
 from .states import SandboxState
 from .table import SandboxTable
@@ -135,6 +136,15 @@ class SandboxManager:
     def pool(self) -> WarmPool:
         return self._parts.launcher.pool
 
+    @property
+    def logs(self) -> SandboxLogs:
+        return self._parts.launcher.logs
+
+    async def sandbox_logs(self, sandbox_id: str) -> builtins.list[LogLine]:
+        """The start command's output and the agent's log of a sandbox the API may see, oldest first."""
+        self._parts.table.get(sandbox_id)
+        return await self._parts.launcher.sandbox_logs(sandbox_id)
+
     # ----- admission -------------------------------------------------------------------------------
 
     def begin_drain(self) -> None:
@@ -163,6 +173,9 @@ class SandboxManager:
         if sandbox is None or sandbox.record.ingress.public:
             return None
         return sandbox.record.ingress.traffic_token
+
+    def holder_of_token(self, token: str) -> str | None:
+        return self._parts.table.holder_of_token(token)
 
     def list(self, query: ListQuery) -> tuple[builtins.list[SandboxRecord], str | None]:
         return self._parts.table.list(query)

@@ -11,6 +11,7 @@ import base64
 import builtins
 import logging
 import math
+import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 
@@ -95,6 +96,14 @@ class SandboxTable:
         if sandbox is None or sandbox.record.address is None:
             return None
         return sandbox.record.address, sandbox.state
+
+    def holder_of_token(self, token: str) -> str | None:
+        """The id of the sandbox whose envd access token this is, if any (compared in constant time)."""
+        for sandbox_id, sandbox in self._live.items():
+            held = sandbox.record.access_token
+            if held and secrets.compare_digest(held.encode(), token.encode()):
+                return sandbox_id
+        return None
 
     def count_in(self, states: frozenset[SandboxState]) -> int:
         return sum(1 for sb in self._live.values() if sb.state in states)

@@ -15,8 +15,11 @@ from .records import (
     RuntimeBinding,
     SandboxRecord,
     TemplateRecord,
+    TemplateTag,
+    build_id_of,
 )
 from .repos import SandboxRepo, TemplateRepo
+from .tags import TagRepo
 
 __all__ = [
     "CacheEntry",
@@ -32,7 +35,10 @@ __all__ = [
     "RuntimeBinding",
     "SandboxRecord",
     "SandboxRepo",
+    "TagRepo",
     "TemplateRecord",
     "TemplateRepo",
+    "TemplateTag",
+    "build_id_of",
     "provenance_json",
 ]

@@ -13,6 +13,7 @@ A sandbox record is flat columns plus five typed sub-records, each stored as one
 from __future__ import annotations
 
 import enum
+import uuid
 from dataclasses import dataclass, field
 
 
@@ -168,3 +169,18 @@ class TemplateRecord:
     created_at: float
     build: Provenance = field(default_factory=lambda: Provenance())
     """How the template was made (``warren.templates.build``): build id, source, cache keys, own layers."""
+
+
+def build_id_of(rec: TemplateRecord) -> str:
+    """The template's current build id (imported templates get a stable one derived from their id)."""
+    value = rec.build.build_id
+    return value if value else str(uuid.uuid5(uuid.NAMESPACE_URL, f"warren:template:{rec.id}"))
+
+
+@dataclass(frozen=True)
+class TemplateTag:
+    """One tag of a template and the build it points to (E2B's ``TemplateTag``)."""
+
+    tag: str
+    build_id: str
+    created_at: float

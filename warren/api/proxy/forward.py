@@ -21,7 +21,7 @@ from ...aio import race
 from ...errors import TooManyRequestsError, WarrenError
 from ...orchestrator.states import SandboxState
 from .ingress import Refusal, TokenLookup, refusal
-from .routing import Target, target_of
+from .routing import Target, envd_token_target, target_of
 from .upstream import (
     RESET_ON_CLOSE,
     SandboxPool,
@@ -129,8 +129,10 @@ class SandboxProxy:
         traffic_token: TokenLookup | None = None,
         ended: Ended | None = None,
         max_keepalive: int = 512,
+        token_holder: Callable[[str], str | None] | None = None,
     ) -> None:
         self._app = app
+        self._token_holder = token_holder
         self._resolve = resolve
         self._wake = wake
         self._traffic_token = traffic_token
@@ -189,7 +191,9 @@ class SandboxProxy:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
-            target = target_of(scope["headers"], self._domain)
+            target = target_of(scope["headers"], self._domain, scope.get("path", ""))
+            if target is None and self._token_holder is not None:
+                target = envd_token_target(scope["headers"], scope.get("path", ""), self._token_holder)
             if target is not None:
                 if scope["type"] == "http":
                     await self._http(target, scope, receive, send)
