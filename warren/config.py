@@ -27,6 +27,12 @@ class Settings:
     default_timeout_s: int = 300
     max_timeout_s: int = 24 * 3600
     network_cidr: str = "10.77.0.0/16"
+    dns_servers: tuple[str, ...] = ()
+    """The resolvers sandboxes get (``WARREN_DNS_SERVERS``, comma-separated IPv4); empty: the host's
+    non-loopback ones, else 1.1.1.1 and 8.8.8.8."""
+    egress_upstream_ca: Path | None = None
+    """Extra CA certificates (PEM) the egress proxy trusts for the upstreams of HTTPS hosts that have
+    header rules, besides the system store (``WARREN_EGRESS_UPSTREAM_CA``)."""
     node_name: str = "warren"
     default_runtime: str = "runc"
     runtimes_file: Path | None = None
@@ -136,6 +142,8 @@ _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
     "WARREN_IMPORT_ROOTS": ("import_roots", _paths),
     "WARREN_DISK_QUOTA": ("disk_quota", lambda text: text.strip().lower() not in ("0", "false", "no", "off")),
     "WARREN_SANDBOX_DISK_MB": ("sandbox_disk_mb", int),
+    "WARREN_DNS_SERVERS": ("dns_servers", _csv),
+    "WARREN_EGRESS_UPSTREAM_CA": ("egress_upstream_ca", Path),
 }
 """Environment variable → (Settings field, parser), applied by :meth:`Settings.from_env`."""
 

@@ -14,6 +14,7 @@ from ..orchestrator.requests import CreateRequest, Lifecycle, ListQuery
 from ..orchestrator.states import SandboxState, public_state
 from ..snapshots import SnapshotManifest
 from ..store import OnTimeout, PauseMode, SandboxRecord, TemplateRecord
+from .network import network_body, parse_egress
 
 ENVD_VERSION = "0.6.4"
 """The envd version the guest agent implements; the SDK unlocks features up to it."""
@@ -61,7 +62,10 @@ def parse_create(body: dict[str, Any]) -> CreateRequest:
     if not isinstance(template, str) or not template:
         raise InvalidRequestError("templateID is required")
     secure = body.get("secure", True)
-    allow = body.get("allow_internet_access", body.get("allowInternetAccess", True))
+    allow = body.get("allow_internet_access", body.get("allowInternetAccess", True)) is not False
+    egress = parse_egress(body.get("network"), allow_internet=allow)
+    if not allow and egress.allow_out:
+        allow = True  # allowed entries beat the deny-all: the per-sandbox rules enforce both, not no_internet
     runtime = body.get("runtime")
     if runtime is not None and not isinstance(runtime, str):
         raise InvalidRequestError("runtime must be a string")
@@ -72,7 +76,8 @@ def parse_create(body: dict[str, Any]) -> CreateRequest:
         metadata=_str_map(body, "metadata"),
         env_vars=_str_map(body, "envVars"),
         secure=secure is not False,
-        allow_internet=allow is not False,
+        allow_internet=allow,
+        egress=egress,
         runtime=runtime,
     )
 
@@ -159,7 +164,8 @@ def detail_body(rec: SandboxRecord, domain: str | None) -> dict[str, Any]:
     return {
         **listed_body(rec),
         "envdAccessToken": rec.access_token,
-        "allowInternetAccess": rec.allow_internet,
+        "allowInternetAccess": rec.allow_internet and "0.0.0.0/0" not in rec.egress.deny_out,
+        "network": network_body(rec.egress),
         "domain": domain,
         "lifecycle": {
             "autoResume": rec.policy.auto_resume,

@@ -30,6 +30,8 @@ _OPERATIONS: list[tuple[str, str, str, int, tuple[int, ...]]] = [
     ("post", "/sandboxes/{sandboxID}/connect", "Connect: extend a running sandbox (v1)", 200, (401, 404)),
     ("post", "/v2/sandboxes/{sandboxID}/connect", "Connect: extend a running sandbox", 200, (401, 404)),
     ("get", "/sandboxes/{sandboxID}/metrics", "Sandbox metrics from cgroup counters", 200, (401, 404)),
+    ("put", "/sandboxes/{sandboxID}/network", "Replace the egress policy (allowOut, denyOut, rules)", 204,
+     (400, 401, 404, 409)),
     ("post", "/sandboxes/{sandboxID}/pause", "Pause (memory kept unless memory=false)", 204, (401, 404, 409)),
     ("post", "/sandboxes/{sandboxID}/resume", "Resume a paused sandbox (deprecated: connect)", 201, (401, 404, 409)),
     ("post", "/sandboxes/{sandboxID}/fork", "Fork into 1-20 independent children", 201, (400, 401, 404, 409)),

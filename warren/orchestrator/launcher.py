@@ -18,9 +18,10 @@ from ..ids import new_sandbox_id
 from ..runtime.base import Resources, RuntimeKind, SandboxSpec
 from ..runtime.registry import StagedRuntime
 from ..snapshots import SnapshotRepository
-from ..store import LifecyclePolicy, RuntimeBinding, SandboxRecord, TemplateRepo
+from ..store import EgressPolicy, LifecyclePolicy, RuntimeBinding, SandboxRecord, TemplateRepo
 from .agent import DEFAULT_USER, init_agent, init_sandbox, wait_healthy
 from .capacity import Capacity
+from .egress import install_egress_ca
 from .origin import Origin
 from .pool import Pooled, WarmPool
 from .requests import CreateRequest, ttl_seconds
@@ -55,6 +56,7 @@ class Launch:
     secure: bool = True
     allow_internet: bool = True
     policy: LifecyclePolicy = field(default_factory=LifecyclePolicy)
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
     use_pool: bool = True
 
 
@@ -94,6 +96,7 @@ class Launcher:
                 secure=req.secure,
                 allow_internet=req.allow_internet,
                 policy=req.lifecycle or LifecyclePolicy(),
+                egress=req.egress,
             )
         )
 
@@ -131,7 +134,7 @@ class Launcher:
             if source is not None and kind.value != launch.origin.runtime:
                 raise InvalidRequestError(f"a {launch.origin.runtime} snapshot cannot start under {kind.value}")
             self._runtimes.available(kind)
-            usable = launch.use_pool and source is None and launch.allow_internet
+            usable = launch.use_pool and source is None and launch.allow_internet and launch.egress.is_open
             pooled = self.pool.claim(launch.origin, kind) if usable else None
             if pooled is not None:
                 try:
@@ -166,6 +169,7 @@ class Launcher:
             allow_internet=launch.allow_internet,
             image=origin.image(),
             policy=launch.policy,
+            egress=launch.egress,
             binding=RuntimeBinding(runtime_hash=staged.runtime_hash if staged else None),
             origin=origin.snapshot_id,
         )
@@ -229,6 +233,9 @@ class Launcher:
         await wait_healthy(handle.address, handle.agent_port, deadline)
         previous = pooled.access_token if pooled else origin.agent_token
         await init_sandbox(sandbox.record, handle.address, handle.agent_port, previous_token=previous)
+        if sandbox.record.egress.rules:
+            runtime = self._runtimes.of(sandbox.kind)
+            await install_egress_ca(handle.address, handle.agent_port, sandbox.record.access_token, runtime.egress_ca())
         await run_start_command(
             origin, handle, sandbox.record.access_token, fresh=source is None, settings=self._settings
         )

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from ..config import Settings
 from ..errors import InvalidRequestError
-from ..store import LifecyclePolicy
+from ..store import EgressPolicy, LifecyclePolicy
 
 Lifecycle = LifecyclePolicy
 """What a timeout does and whether traffic wakes a paused sandbox (kept on the record as its policy)."""
@@ -23,6 +23,8 @@ class CreateRequest:
     runtime: str | None = None
     """warren extension: ``runc`` or ``gvisor``; defaults to the template's runtime."""
     lifecycle: Lifecycle | None = None
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
+    """``network.allowOut``/``denyOut``/``rules``; an allowed entry beats a denied one."""
 
 
 @dataclass(frozen=True)

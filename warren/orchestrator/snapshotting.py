@@ -155,6 +155,7 @@ class Snapshotter:
                 secure=source.access_token is not None,
                 allow_internet=source.allow_internet,
                 policy=source.policy,
+                egress=source.egress,
             )
 
             async def child() -> SandboxRecord | WarrenError:

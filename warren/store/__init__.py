@@ -4,6 +4,8 @@ from .codec import provenance_json
 from .db import Database
 from .records import (
     CacheEntry,
+    EgressPolicy,
+    HostRule,
     ImageConfig,
     LifecyclePolicy,
     OnTimeout,
@@ -18,6 +20,8 @@ from .repos import SandboxRepo, TemplateRepo
 __all__ = [
     "CacheEntry",
     "Database",
+    "EgressPolicy",
+    "HostRule",
     "ImageConfig",
     "LifecyclePolicy",
     "OnTimeout",

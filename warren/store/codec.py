@@ -9,7 +9,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .records import CacheEntry, ImageConfig, LifecyclePolicy, OnTimeout, PauseMode, Provenance, RuntimeBinding
+from .records import (
+    CacheEntry,
+    EgressPolicy,
+    HostRule,
+    ImageConfig,
+     LifecyclePolicy,
+    OnTimeout,
+    PauseMode,
+    Provenance,
+    RuntimeBinding,
+)
 
 
 def image_to_json(image: ImageConfig) -> str:
@@ -51,6 +61,33 @@ def binding_of(raw: dict[str, Any]) -> RuntimeBinding:
         runtime_hash=_opt_str(raw.get("runtime_hash")),
         init_pid=int(pid) if pid is not None else None,
         pause_mode=PauseMode(mode) if mode is not None else None,
+    )
+
+
+def egress_json(egress: EgressPolicy) -> dict[str, Any]:
+    return {
+        "allow_out": list(egress.allow_out),
+        "deny_out": list(egress.deny_out),
+        "rules": [{"host": r.host, "headers": [list(h) for h in r.headers]} for r in egress.rules],
+        "dns_servers": list(egress.dns_servers) if egress.dns_servers is not None else None,
+    }
+
+
+def egress_to_json(egress: EgressPolicy) -> str:
+    return _dump(egress_json(egress))
+
+
+def egress_of(raw: dict[str, Any]) -> EgressPolicy:
+    rules = tuple(
+        HostRule(str(r.get("host")), tuple((str(h[0]), str(h[1])) for h in r.get("headers") or () if len(h) == 2))
+        for r in raw.get("rules") or () if isinstance(r, dict)
+    )
+    dns = raw.get("dns_servers")
+    return EgressPolicy(
+        allow_out=_strs(raw.get("allow_out")),
+        deny_out=_strs(raw.get("deny_out")),
+        rules=rules,
+        dns_servers=_strs(dns) if dns is not None else None,
     )
 
 

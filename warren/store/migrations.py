@@ -4,6 +4,8 @@
     1 -> 2   ``sandboxes.extra`` (one JSON dict of 11 string keys) split into the typed JSON columns
              ``image``, ``policy``, ``binding`` and ``origin``; ``extra`` is dropped
 
+    2 -> 3   ``sandboxes.egress``: the sandbox's outbound policy (JSON, ``{}`` = open, what older rows get)
+
 Every upgrade runs in one transaction with the version bump: a crash leaves the old schema whole.
 """
 
@@ -14,7 +16,7 @@ from collections.abc import Callable
 
 from . import codec
 
-VERSION = 2
+VERSION = 3
 
 _TABLES = (
     """
@@ -37,7 +39,8 @@ _TABLES = (
         image TEXT NOT NULL DEFAULT '{}',
         policy TEXT NOT NULL DEFAULT '{}',
         binding TEXT NOT NULL DEFAULT '{}',
-        origin TEXT
+        origin TEXT,
+        egress TEXT NOT NULL DEFAULT '{}'
     )
     """,
     "CREATE INDEX IF NOT EXISTS sandboxes_started ON sandboxes(started_at, id)",
@@ -95,7 +98,12 @@ def _to_2(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE sandboxes DROP COLUMN extra")
 
 
-_UPGRADES: dict[int, Callable[[sqlite3.Connection], None]] = {1: _to_1, 2: _to_2}
+def _to_3(conn: sqlite3.Connection) -> None:
+    if "egress" not in _columns(conn, "sandboxes"):
+        conn.execute("ALTER TABLE sandboxes ADD COLUMN egress TEXT NOT NULL DEFAULT '{}'")
+
+
+_UPGRADES: dict[int, Callable[[sqlite3.Connection], None]] = {1: _to_1, 2: _to_2, 3: _to_3}
 """Target version -> the step that reaches it from the one before."""
 
 

@@ -6,6 +6,7 @@ A sandbox record is flat columns plus four typed sub-records, each stored as one
     policy    LifecyclePolicy  what a timeout does, whether traffic wakes it, how a timeout pauses
     binding   RuntimeBinding   the runtime hash it runs on, its init pid, how it was last paused
     origin    str | None       the snapshot it was restored from (``from_snapshot``), if any
+    egress    EgressPolicy     where it may connect out (``network.allowOut``/``denyOut``/``rules``)
 """
 
 from __future__ import annotations
@@ -65,6 +66,33 @@ class RuntimeBinding:
 
 
 @dataclass(frozen=True)
+class HostRule:
+    """Headers the egress proxy sets on every HTTP(S) request to ``host`` (an exact name or ``*.suffix``)."""
+
+    host: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class EgressPolicy:
+    """A sandbox's outbound policy, as E2B's ``SandboxNetworkConfig`` says it (already validated).
+
+    ``allow_out`` holds CIDRs (``a.b.c.d/n``) and lowercase domains (``name`` or ``*.suffix``); ``deny_out``
+    CIDRs only. Nothing is denied unless ``deny_out`` says so; an allowed entry beats a denied one."""
+
+    allow_out: tuple[str, ...] = ()
+    deny_out: tuple[str, ...] = ()
+    rules: tuple[HostRule, ...] = ()
+    dns_servers: tuple[str, ...] | None = None
+    """Resolvers opened when ``allow_out`` names a domain (None: E2B's default, 8.8.8.8)."""
+
+    @property
+    def is_open(self) -> bool:
+        """Nothing to enforce: no deny entry and no header rule."""
+        return not self.deny_out and not self.rules
+
+
+@dataclass(frozen=True)
 class SandboxRecord:
     id: str
     template_id: str
@@ -86,6 +114,7 @@ class SandboxRecord:
     binding: RuntimeBinding = field(default_factory=RuntimeBinding)
     origin: str | None = None
     """The snapshot this sandbox was restored from, if any."""
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
 
 
 @dataclass(frozen=True)

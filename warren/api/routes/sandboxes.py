@@ -20,6 +20,7 @@ from ..models import (
     rfc3339,
     sandbox_body,
 )
+from ..network import parse_update
 from ..services import services
 
 
@@ -65,6 +66,13 @@ async def connect(request: Request) -> Response:
         request.path_params["sandbox_id"], optional_int(body, "timeout")
     )
     return JSONResponse(sandbox_body(record, svc.settings.domain), status_code=201 if resumed else 200)
+
+
+async def update_network(request: Request) -> Response:
+    """E2B's ``PUT /sandboxes/{id}/network``: the whole egress policy is replaced; 204."""
+    egress = parse_update(parse_json_object(await request.body()))
+    await services(request).manager.update_network(request.path_params["sandbox_id"], egress)
+    return Response(status_code=204)
 
 
 async def metrics(request: Request) -> Response:
@@ -139,4 +147,5 @@ ROUTES = [
     Route("/sandboxes/{sandbox_id}/connect", connect, methods=["POST"]),
     Route("/v2/sandboxes/{sandbox_id}/connect", connect, methods=["POST"]),
     Route("/sandboxes/{sandbox_id}/metrics", metrics, methods=["GET"]),
+    Route("/sandboxes/{sandbox_id}/network", update_network, methods=["PUT"]),
 ]
