@@ -27,6 +27,12 @@ class Settings:
     default_timeout_s: int = 300
     max_timeout_s: int = 24 * 3600
     network_cidr: str = "10.77.0.0/16"
+    network_table: str = "warren"
+    """The nft table of this node's sandboxes (``WARREN_NETWORK_TABLE``); with ``network_prefix`` and
+    ``network_cidr`` it lets nodes on one host keep their sandbox networks apart (tests do)."""
+    network_prefix: str = ""
+    """One letter naming this node's netns and veths (``WARREN_NETWORK_PREFIX=x``: netns ``wrx-<id>``,
+    veths ``wx<slot>``); empty: ``wrn-`` and ``wv``."""
     dns_servers: tuple[str, ...] = ()
     """The resolvers sandboxes get (``WARREN_DNS_SERVERS``, comma-separated IPv4); empty: the host's
     non-loopback ones, else 1.1.1.1 and 8.8.8.8."""
@@ -143,6 +149,9 @@ _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
     "WARREN_DISK_QUOTA": ("disk_quota", lambda text: text.strip().lower() not in ("0", "false", "no", "off")),
     "WARREN_SANDBOX_DISK_MB": ("sandbox_disk_mb", int),
     "WARREN_DNS_SERVERS": ("dns_servers", _csv),
+    "WARREN_NETWORK_CIDR": ("network_cidr", str),
+    "WARREN_NETWORK_TABLE": ("network_table", str),
+    "WARREN_NETWORK_PREFIX": ("network_prefix", str),
     "WARREN_EGRESS_UPSTREAM_CA": ("egress_upstream_ca", Path),
 }
 """Environment variable → (Settings field, parser), applied by :meth:`Settings.from_env`."""

@@ -87,8 +87,8 @@ class NatRules:
         lines = [
             f"add table {t}",
             f"add set {t} no_internet {{ type ifname; }}",
+            # Not flushed: nodes sharing the table (tests, several nodes on a host) each add their resolvers.
             f"add set {t} dns {{ type ipv4_addr; }}",
-            f"flush set {t} dns",
             f"add set {t} blocked {{ type ipv4_addr; flags interval; auto-merge; }}",
             f"flush set {t} blocked",
             f"add set {t} blocked6 {{ type ipv6_addr; flags interval; auto-merge; }}",
