@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,6 +216,22 @@ def test_policy_survives_pause_snapshot_and_fork(node: Node, template: str) -> N
     finally:
         for each in (box, *children):
             each.kill()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_policy_survives_node_restart(node: Node, template: str, sig: int) -> None:
+    """SIGKILL: the sandbox keeps running and is re-adopted; SIGTERM: it is paused and resumed. Either way
+    its rules come back, redirecting to the restarted node's proxy (a new port)."""
+    rules = {"allowed.test": [{"transform": {"headers": {"Authorization": SECRET}}}]}
+    box = make(template, {**DENY_ALL, **DNS, "allow_out": ["allowed.test"], "rules": rules})
+    try:
+        node.stop(sig)
+        node.start()
+        box = Sandbox.connect(box.sandbox_id)
+        assert not reaches(box, "http://other.test/")
+        assert fetch(box, "http://allowed.test/")["body"]["headers"]["Authorization"] == SECRET
+    finally:
+        box.kill()
 
 
 async def test_async_sdk_create_and_update(node: Node, template: str) -> None:
