@@ -5,7 +5,8 @@
     203.0.113.12  *.example.test (and example.test)   203.0.113.53  dnsmasq answering those names
 
 One echo server answers on every address, HTTP on 80 and 8080, HTTPS on 443 (a certificate for all the
-names from a test CA): a JSON object with the Host, the request headers and the address it was reached on.
+names from a test CA): a JSON object with the Host, the request headers and the address it was reached on;
+``/bytes/N`` answers N bytes (the egress benchmark's bulk transfer).
 Nothing on the host's resolver is touched; everything is removed at the end (the leak check looks).
 """
 
@@ -37,6 +38,16 @@ import http.server, json, socketserver, ssl, sys, threading
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def _answer(self):
+        if self.path.startswith("/bytes/"):
+            size = min(int(self.path[7:]), 1 << 30)
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            block = b"x" * 65536
+            while size > 0:
+                self.wfile.write(block[:size])
+                size -= 65536
+            return
         n = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(n) if n else b""
         out = json.dumps({"host": self.headers.get("Host"), "headers": dict(self.headers.items()),

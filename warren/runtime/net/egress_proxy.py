@@ -23,13 +23,14 @@ import logging
 import socket
 import ssl
 import struct
+import threading
 from collections.abc import Callable, Sequence
 
 from warren.runtime.net.egress_ca import EgressCA
 from warren.runtime.net.egress_policy import CompiledEgress
 from warren.runtime.net.sniff import MAX_SNIFF, Kind, sniff
 
-__all__ = ["EgressProxy"]
+__all__ = ["EgressProxy", "ProxyThread"]
 
 _log = logging.getLogger(__name__)
 
@@ -88,9 +89,11 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.write(data)
             await writer.drain()
         if writer.can_write_eof():
-            writer.write_eof()
+            writer.write_eof()  # TCP: half-close, the other direction may still be talking
+        else:
+            writer.close()  # TLS has no half-close: the exchange is over
     except (OSError, ssl.SSLError):
-        pass
+        writer.close()
 
 
 async def _splice(a: tuple[asyncio.StreamReader, asyncio.StreamWriter],
@@ -213,3 +216,34 @@ class EgressProxy:
                 w.close()
             raise
         await _splice(client, upstream)
+
+
+class ProxyThread:
+    """Runs an :class:`EgressProxy` on a thread of its own, on asyncio's selector loop: the data path stays
+    off the API's loop, and uvloop (the node's) truncates TLS streams whose peer closes right after
+    writing, which HTTP/1.1 servers answering ``Connection: close`` do."""
+
+    def __init__(self, proxy: EgressProxy) -> None:
+        self.proxy = proxy
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    async def start(self) -> int:
+        loop = asyncio.SelectorEventLoop()
+        thread = threading.Thread(target=loop.run_forever, name="egress-proxy", daemon=True)
+        thread.start()
+        self._loop, self._thread = loop, thread
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.proxy.start(), loop))
+
+    async def close(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        self._loop = self._thread = None
+        try:
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.proxy.close(), loop))
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            await asyncio.to_thread(thread.join, 10)
+            if not thread.is_alive():
+                loop.close()

@@ -25,7 +25,7 @@ from warren.errors import RuntimeFailure
 from warren.runtime.net.egress_ca import EgressCA
 from warren.runtime.net.egress_nft import EgressRules
 from warren.runtime.net.egress_policy import CompiledEgress, compile_egress
-from warren.runtime.net.egress_proxy import EgressProxy
+from warren.runtime.net.egress_proxy import EgressProxy, ProxyThread
 from warren.runtime.net.nat import DEFAULT_BLOCKED, NatRules, host_subnets
 from warren.runtime.net.netns import (
     IFNAMSIZ,
@@ -136,8 +136,10 @@ class NetworkManager:
         )
         self.egress_rules = EgressRules(self.config.table)
         self._egress: dict[str, CompiledEgress] = {}
-        """Guest address -> the policy of the sandbox there (what the egress proxy asks)."""
+        """Guest address -> the policy of the sandbox there (what the egress proxy asks, from its thread:
+        single get/set operations on a dict, atomic under the GIL)."""
         self.proxy: EgressProxy | None = None
+        self._proxy_thread: ProxyThread | None = None
 
     def netns_name(self, sandbox_id: str) -> str:
         return f"{self.config.netns_prefix}{sandbox_id}"
@@ -152,8 +154,9 @@ class NetworkManager:
         if self.proxy is None:
             ca = await asyncio.to_thread(EgressCA, self.config.egress_dir)
             proxy = EgressProxy(self._egress.get, [*blocked, self.config.cidr], ca, self.config.upstream_ca_file)
-            await proxy.start()
-            self.proxy = proxy
+            thread = ProxyThread(proxy)
+            await thread.start()
+            self.proxy, self._proxy_thread = proxy, thread
 
     async def teardown(self) -> None:
         """Remove the nft table and restore ``ip_forward``. Sandboxes still running lose egress."""
@@ -162,9 +165,9 @@ class NetworkManager:
 
     async def close(self) -> None:
         """Stop the egress proxy (the node is stopping; sandboxes keep their nft rules)."""
-        if self.proxy is not None:
-            await self.proxy.close()
-            self.proxy = None
+        if self._proxy_thread is not None:
+            await self._proxy_thread.close()
+        self.proxy = self._proxy_thread = None
 
     @property
     def ca_pem(self) -> bytes:
