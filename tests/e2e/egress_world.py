@@ -37,6 +37,7 @@ SERVER = r'''
 import http.server, json, socketserver, ssl, sys, threading
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
     def _answer(self):
         if self.path.startswith("/bytes/"):
             size = min(int(self.path[7:]), 1 << 30)

@@ -162,6 +162,8 @@ class EgressProxy:
                 await asyncio.sleep(0.1)
                 continue
             conn.setblocking(False)
+            # asyncio sets TCP_NODELAY only on sockets whose proto says TCP; accepted ones say 0.
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             task = asyncio.create_task(self._serve(conn), name="egress-conn")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
