@@ -11,7 +11,7 @@ dnsmasq in a network namespace), and one sandbox per mode and runtime:
 
 In each sandbox a Python client measures: sequential requests on a new connection each (``latency``),
 requests/s from 8 threads (``rps_8``), and one bulk download (``bulk_mb_s``). ``https_direct`` is the
-HTTPS baseline (no policy) for ``https_rule``.
+HTTPS baseline (no policy) for ``https_proxied`` (SNI checked, TLS passed through) and ``https_rule``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ bulk = one(big)
 print(json.dumps({"lat": lat, "rps": rps, "bulk_s": bulk}))
 '''
 BULK = 64 << 20
+COMPARED = (("proxied", "direct"), ("http_rule", "direct"), ("https_proxied", "https_direct"),
+            ("https_rule", "https_direct"))
 RULES = {"allowed.test": [{"transform": {"headers": {"Authorization": "Bearer bench"}}}]}
 MODES: dict[str, tuple[dict[str, Any] | None, str]] = {
     "direct": (None, f"http://{ADDRS['allowed']}"),
@@ -50,6 +52,8 @@ MODES: dict[str, tuple[dict[str, Any] | None, str]] = {
                 "http://allowed.test"),
     "http_rule": ({"rules": RULES}, "http://allowed.test"),
     "https_direct": (None, "https://allowed.test"),
+    "https_proxied": ({"deny_out": ["0.0.0.0/0"], "allow_out": ["allowed.test"], "dns_servers": [DNS_IP]},
+                      "https://allowed.test"),
     "https_rule": ({"rules": RULES}, "https://allowed.test"),
 }
 
@@ -60,7 +64,7 @@ def _measure(template: str, network: dict[str, Any] | None, base: str, n: int, c
     box = Sandbox.create(template=template, timeout=600, network=network)  # type: ignore[arg-type]
     try:
         box.files.write("/tmp/client.py", CLIENT)
-        if network is None and base.startswith("https"):  # trust the test CA for the direct baseline
+        if not (network or {}).get("rules") and base.startswith("https"):  # not intercepted: trust the test CA
             box.files.write("/tmp/ca.pem", ca_pem)
             box.commands.run("cat /tmp/ca.pem >> /etc/ssl/certs/ca-certificates.crt", user="root")
         out = box.commands.run(f"python3 /tmp/client.py {base}/ {n} {base}/bytes/{BULK}", timeout=600).stdout
@@ -94,7 +98,7 @@ def run_egress(work: Path, runsc: Path | None, rootfs: Path, scale: float) -> di
                         res[mode] = _measure(template, net, base, n, ca_pem)
                     except Exception as exc:  # one mode's failure is data; the others still run
                         res[mode] = {"error": f"{type(exc).__name__}: {str(exc)[-300:]}"}
-                for mode, base_mode in (("proxied", "direct"), ("http_rule", "direct"), ("https_rule", "https_direct")):
+                for mode, base_mode in COMPARED:
                     if "latency" in res[mode] and "latency" in res[base_mode]:
                         res[f"{mode}_vs_{base_mode}_p50_ratio"] = round(
                             res[mode]["latency"]["p50_ms"] / res[base_mode]["latency"]["p50_ms"], 2)
