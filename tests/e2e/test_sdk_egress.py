@@ -251,6 +251,30 @@ async def test_async_sdk_create_and_update(node: Node, template: str) -> None:
         await box.kill()
 
 
+async def test_async_sdk_domains_header_rules_and_pause(node: Node, template: str) -> None:
+    rules = {"allowed.test": [{"transform": {"headers": {"Authorization": SECRET}}}]}
+    box = await AsyncSandbox.create(template=template, timeout=300, network={
+        "deny_out": ["0.0.0.0/0"], "allow_out": ["allowed.test"], "dns_servers": [DNS_IP], "rules": rules})
+    try:
+        await box.pause()  # before any connection (gVisor checkpoints want none in flight)
+        box = await AsyncSandbox.connect(box.sandbox_id)
+        await box.files.write("/tmp/fetch.py", FETCH)
+
+        async def get(url: str, verify: bool = False) -> dict[str, Any]:
+            out = (await box.commands.run(f"python3 /tmp/fetch.py {url} {int(verify)}", timeout=30)).stdout
+            return dict(json.loads(out.strip().splitlines()[-1]))
+
+        assert (await get("https://allowed.test/", True))["body"]["headers"]["Authorization"] == SECRET
+        assert (await get("http://allowed.test/"))["body"]["headers"]["Authorization"] == SECRET
+        assert not (await get("http://other.test/"))["ok"]
+        await box.update_network({"deny_out": ["0.0.0.0/0"], "allow_out": ["other.test"], "dns_servers": [DNS_IP]})
+        assert (await get("http://other.test/"))["ok"] and not (await get("http://allowed.test/"))["ok"]
+        env = (await box.commands.run("env", user="root")).stdout
+        assert "s3cret" not in env
+    finally:
+        await box.kill()
+
+
 def test_world_is_isolated_from_the_host_resolver() -> None:
     """The test DNS lives in its own namespace: the host's resolv.conf does not name it."""
     assert DNS_IP not in Path("/etc/resolv.conf").read_text()
