@@ -4,7 +4,8 @@
     203.0.113.10  allowed.test, api.allowed.test      203.0.113.11  other.test
     203.0.113.12  *.example.test (and example.test)   203.0.113.53  dnsmasq answering those names
 
-One echo server answers on every address, HTTP on 80 and 8080, HTTPS on 443 (a certificate for all the
+A SOCKS5 server on 203.0.113.20:1080 (user ``u``, password ``p``) logs each CONNECT target to
+``socks.log``. One echo server answers on every address, HTTP on 80 and 8080, HTTPS on 443 (a certificate for all the
 names from a test CA): a JSON object with the Host, the request headers and the address it was reached on;
 ``/bytes/N`` answers N bytes (the egress benchmark's bulk transfer).
 Nothing on the host's resolver is touched; everything is removed at the end (the leak check looks).
@@ -76,9 +77,56 @@ servers[-1].serve_forever()
 '''
 
 
+SOCKS = r'''
+import asyncio, socket, sys
+NAMES = {"allowed.test": "203.0.113.10", "other.test": "203.0.113.11"}
+log = open(sys.argv[1], "a", buffering=1)
+async def pipe(r, w):
+    try:
+        while data := await r.read(65536):
+            w.write(data)
+            await w.drain()
+    finally:
+        w.close()
+async def serve(r, w):
+    try:
+        _, n = await r.readexactly(2)
+        methods = await r.readexactly(n)
+        if 2 not in methods:
+            w.write(b"\x05\xff"); return
+        w.write(b"\x05\x02")
+        _, ulen = await r.readexactly(2); user = await r.readexactly(ulen)
+        plen = (await r.readexactly(1))[0]; password = await r.readexactly(plen)
+        if (user, password) != (b"u", b"p"):
+            log.write("auth-failed\n"); w.write(b"\x01\x01"); return
+        w.write(b"\x01\x00")
+        _, cmd, _, atyp = await r.readexactly(4)
+        if atyp == 3:
+            host = (await r.readexactly((await r.readexactly(1))[0])).decode(); addr = NAMES.get(host, host)
+        else:
+            host = addr = socket.inet_ntoa(await r.readexactly(4))
+        port = int.from_bytes(await r.readexactly(2), "big")
+        log.write(f"{host}:{port}\n")
+        ur, uw = await asyncio.open_connection(addr, port)
+        w.write(b"\x05\x00\x00\x01" + socket.inet_aton("0.0.0.0") + b"\x00\x00")
+        await asyncio.gather(pipe(r, uw), pipe(ur, w))
+    except Exception as e:
+        log.write(f"error {e!r}\n")
+    finally:
+        w.close()
+async def main():
+    server = await asyncio.start_server(serve, "203.0.113.20", 1080)
+    print("ready", flush=True)
+    await server.serve_forever()
+asyncio.run(main())
+'''
+SOCKS_IP = "203.0.113.20"
+
+
 @dataclass(frozen=True)
 class World:
     ca_file: Path
+    socks_log: Path
     dns: str = DNS_IP
 
 
@@ -137,7 +185,7 @@ def internet(workdir: Path) -> Iterator[World]:
         _run(*ns, "addr", "add", "198.18.0.2/30", "dev", "eth0")
         _run(*ns, "link", "set", "eth0", "up")
         _run(*ns, "link", "set", "lo", "up")
-        for ip in (*ADDRS.values(), DNS_IP):
+        for ip in (*ADDRS.values(), DNS_IP, SOCKS_IP):
             _run(*ns, "addr", "add", f"{ip}/32", "dev", "lo")
         _run(*ns, "route", "add", "default", "via", "198.18.0.1")
         script = workdir / "server.py"
@@ -148,6 +196,11 @@ def internet(workdir: Path) -> Iterator[World]:
         assert server.stdout is not None
         line = server.stdout.readline()
         assert line.strip() == b"ready", line + server.stdout.read(2000)
+        (workdir / "socks.py").write_text(SOCKS)
+        socks = subprocess.Popen(["ip", "netns", "exec", NETNS, sys.executable, str(workdir / "socks.py"),
+                                  str(workdir / "socks.log")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        procs.append(socks)
+        assert socks.stdout is not None and socks.stdout.readline().strip() == b"ready"
         addresses = [f"--address=/allowed.test/{ADDRS['allowed']}", f"--address=/other.test/{ADDRS['other']}",
                      f"--address=/example.test/{ADDRS['example']}"]
         procs.append(subprocess.Popen(
@@ -157,7 +210,7 @@ def internet(workdir: Path) -> Iterator[World]:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         time.sleep(0.3)
         assert procs[-1].poll() is None, "dnsmasq did not start"
-        yield World(ca_file=ca)
+        yield World(ca_file=ca, socks_log=workdir / "socks.log")
     finally:
         for proc in procs:
             proc.terminate()

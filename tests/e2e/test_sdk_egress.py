@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from e2b import AsyncSandbox, Sandbox
 
-from tests.e2e.egress_world import ADDRS, DNS_IP, NETNS, World, internet
+from tests.e2e.egress_world import ADDRS, DNS_IP, NETNS, SOCKS_IP, World, internet
 from tests.framework.leaks import assert_no_leaks, snapshot
 from tests.framework.node import DEFAULT_CACHE, Node, running_node
 
@@ -216,6 +216,31 @@ def test_policy_survives_pause_snapshot_and_fork(node: Node, template: str) -> N
     finally:
         for each in (box, *children):
             each.kill()
+
+
+def test_egress_proxy_tunnels_what_the_policy_allows(node: Node, world: World, template: str) -> None:
+    """``egress_proxy``: allowed TCP goes through the SOCKS5 proxy (names as names, addresses as addresses,
+    header rules still applied); denied traffic never reaches it; a wrong password fails closed."""
+    proxy = {"address": f"{SOCKS_IP}:1080", "username": "u", "password": "p"}
+    rules = {"allowed.test": [{"transform": {"headers": {"Authorization": SECRET}}}]}
+    net = {**DENY_ALL, **DNS, "allow_out": ["allowed.test", ADDRS["example"]], "rules": rules, "egress_proxy": proxy}
+    box = make(template, net)
+    try:
+        start = world.socks_log.stat().st_size if world.socks_log.exists() else 0
+        assert fetch(box, "http://allowed.test/")["body"]["headers"]["Authorization"] == SECRET
+        assert fetch(box, "https://allowed.test/", verify=True)["body"]["headers"]["Authorization"] == SECRET
+        assert reaches(box, f"http://{ADDRS['example']}:8080/")
+        assert not reaches(box, "http://other.test/")
+        log = world.socks_log.read_text()[start:].split()
+        assert log == ["allowed.test:80", "allowed.test:443", f"{ADDRS['example']}:8080"], log
+        info = node.client().get(f"/sandboxes/{box.sandbox_id}").json()["network"]["egressProxy"]
+        assert info == {"address": f"{SOCKS_IP}:1080", "username": "u"}  # never the password
+        box.update_network({"allow_out": ["allowed.test"], "deny_out": ["0.0.0.0/0"], "dns_servers": [DNS_IP],
+                            "egress_proxy": {**proxy, "password": "wrong"}})
+        assert not reaches(box, "http://allowed.test/")
+        assert "auth-failed" in world.socks_log.read_text()
+    finally:
+        box.kill()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])

@@ -1,10 +1,9 @@
 """E2B's ``SandboxNetworkConfig`` / ``SandboxNetworkUpdateConfig`` wire shapes <-> :class:`EgressPolicy`.
 
 What is parsed here: ``allowOut`` (IPs, CIDRs, domains, ``*.`` wildcards), ``denyOut`` (IPs and CIDRs only),
-``rules`` (per-host ``transform.headers``), ``dnsServers`` and ``allow_internet_access`` of the update.
-``egressProxy`` (a SOCKS5 upstream) is refused with 400: this node cannot tunnel yet, and silently sending
-the traffic out directly would break E2B's fail-closed promise. ``allowPublicTraffic``, ``maskRequestHost``
-and ``httpsPorts`` concern inbound traffic and are read elsewhere.
+``rules`` (per-host ``transform.headers``), ``dnsServers``, ``egressProxy`` (a SOCKS5 upstream, optionally
+over TLS) and ``allow_internet_access`` of the update. ``allowPublicTraffic``, ``maskRequestHost`` and
+``httpsPorts`` concern inbound traffic and are read elsewhere.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import re
 from typing import Any
 
 from ..errors import InvalidRequestError
-from ..store import EgressPolicy, HostRule
+from ..store import EgressPolicy, HostRule, UpstreamProxy
 
 ALL_TRAFFIC = "0.0.0.0/0"
 MAX_ENTRIES = 1000
@@ -128,6 +127,42 @@ def _rules(value: object) -> tuple[HostRule, ...]:
     return tuple(out.values())
 
 
+def _short(value: object, what: str, limit: int) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value.encode()) > limit:
+        raise InvalidRequestError(f"network.egressProxy.{what} must be a string of at most {limit} bytes")
+    return value
+
+
+def _upstream(value: object) -> UpstreamProxy | None:
+    """``egressProxy``: ``{address: "host:port", username?, password?, tls?: bool | {enabled, serverName?,
+    caCert?}}``. Where the host resolves is checked at every dial (a blocked range fails closed)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("address"), str):
+        raise InvalidRequestError("network.egressProxy must be an object with a string address (host:port)")
+    address = value["address"].strip()
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
+        raise InvalidRequestError(f"network.egressProxy.address {address!r} must be host:port")
+    if _cidr(host) is None and _domain(host, "network.egressProxy.address") is None:
+        raise InvalidRequestError(f"network.egressProxy.address {address!r}: bad host")
+    username = _short(value.get("username"), "username", 255)
+    password = _short(value.get("password"), "password", 255)
+    if password is not None and username is None:
+        raise InvalidRequestError("network.egressProxy.password needs a username")
+    tls, server_name, ca_cert = value.get("tls"), None, None
+    if isinstance(tls, dict):
+        server_name = _short(tls.get("serverName"), "tls.serverName", 253)
+        ca_cert = _short(tls.get("caCert"), "tls.caCert", 8192)
+        tls = tls.get("enabled", True)
+    if tls is not None and not isinstance(tls, bool):
+        raise InvalidRequestError("network.egressProxy.tls must be a boolean or an object")
+    return UpstreamProxy(address=address, username=username, password=password, tls=bool(tls),
+                         server_name=server_name, ca_cert=ca_cert)
+
+
 def _dns(value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
@@ -151,8 +186,6 @@ def parse_egress(network: object, *, allow_internet: bool = True) -> EgressPolic
         network = {}
     if not isinstance(network, dict):
         raise InvalidRequestError("network must be an object")
-    if network.get("egressProxy") is not None:
-        raise InvalidRequestError("network.egressProxy (a SOCKS5 upstream) is not supported by this node")
     deny = _deny(_strings(network, "denyOut"))
     if not allow_internet and ALL_TRAFFIC not in deny:
         deny = (*deny, ALL_TRAFFIC)
@@ -161,6 +194,7 @@ def parse_egress(network: object, *, allow_internet: bool = True) -> EgressPolic
         deny_out=deny,
         rules=_rules(network.get("rules")),
         dns_servers=_dns(network.get("dnsServers")),
+        upstream=_upstream(network.get("egressProxy")),
     )
 
 
@@ -179,4 +213,11 @@ def network_body(egress: EgressPolicy) -> dict[str, Any]:
         out["rules"] = {r.host: [{"transform": {"headers": dict(r.headers)}}] for r in egress.rules}
     if egress.dns_servers is not None:
         out["dnsServers"] = list(egress.dns_servers)
+    if (up := egress.upstream) is not None:  # never the password nor the CA, as E2B
+        proxy: dict[str, Any] = {"address": up.address}
+        if up.username is not None:
+            proxy["username"] = up.username
+        if up.tls:
+            proxy["tls"] = {"serverName": up.server_name} if up.server_name else {}
+        out["egressProxy"] = proxy
     return out

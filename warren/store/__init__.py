@@ -14,6 +14,7 @@ from .records import (
     RuntimeBinding,
     SandboxRecord,
     TemplateRecord,
+    UpstreamProxy,
 )
 from .repos import SandboxRepo, TemplateRepo
 
@@ -32,5 +33,6 @@ __all__ = [
     "SandboxRepo",
     "TemplateRecord",
     "TemplateRepo",
+    "UpstreamProxy",
     "provenance_json",
 ]

@@ -6,6 +6,7 @@ cannot be right (a ``ValueError`` from an enum), so a record written by an older
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -19,6 +20,7 @@ from .records import (
     PauseMode,
     Provenance,
     RuntimeBinding,
+    UpstreamProxy,
 )
 
 
@@ -70,6 +72,7 @@ def egress_json(egress: EgressPolicy) -> dict[str, Any]:
         "deny_out": list(egress.deny_out),
         "rules": [{"host": r.host, "headers": [list(h) for h in r.headers]} for r in egress.rules],
         "dns_servers": list(egress.dns_servers) if egress.dns_servers is not None else None,
+        "upstream": dataclasses.asdict(egress.upstream) if egress.upstream is not None else None,
     }
 
 
@@ -83,7 +86,16 @@ def egress_of(raw: dict[str, Any]) -> EgressPolicy:
         for r in raw.get("rules") or () if isinstance(r, dict)
     )
     dns = raw.get("dns_servers")
+    up = raw.get("upstream")
+    upstream = None
+    if isinstance(up, dict) and up.get("address"):
+        upstream = UpstreamProxy(
+            address=str(up["address"]), username=_opt_str(up.get("username")), password=_opt_str(up.get("password")),
+            tls=bool(up.get("tls", False)), server_name=_opt_str(up.get("server_name")),
+            ca_cert=_opt_str(up.get("ca_cert")),
+        )
     return EgressPolicy(
+        upstream=upstream,
         allow_out=_strs(raw.get("allow_out")),
         deny_out=_strs(raw.get("deny_out")),
         rules=rules,

@@ -74,6 +74,20 @@ class HostRule:
 
 
 @dataclass(frozen=True)
+class UpstreamProxy:
+    """A SOCKS5 proxy a sandbox's outbound TCP is tunneled through (E2B's ``egressProxy``)."""
+
+    address: str
+    """``host:port``; the host is re-resolved at every dial and must not be in a blocked range."""
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+    server_name: str | None = None
+    ca_cert: str | None = None
+    """PEM CAs that replace the system store for the TLS hop to the proxy."""
+
+
+@dataclass(frozen=True)
 class EgressPolicy:
     """A sandbox's outbound policy, as E2B's ``SandboxNetworkConfig`` says it (already validated).
 
@@ -85,11 +99,12 @@ class EgressPolicy:
     rules: tuple[HostRule, ...] = ()
     dns_servers: tuple[str, ...] | None = None
     """Resolvers opened when ``allow_out`` names a domain (None: E2B's default, 8.8.8.8)."""
+    upstream: UpstreamProxy | None = None
 
     @property
     def is_open(self) -> bool:
-        """Nothing to enforce: no deny entry and no header rule."""
-        return not self.deny_out and not self.rules
+        """Nothing to enforce: no deny entry, no header rule, no upstream proxy."""
+        return not self.deny_out and not self.rules and self.upstream is None
 
 
 @dataclass(frozen=True)

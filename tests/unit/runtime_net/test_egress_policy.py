@@ -11,7 +11,7 @@ from warren.errors import InvalidRequestError
 from warren.runtime.net.egress_policy import compile_egress
 from warren.runtime.net.egress_proxy import rewrite_head
 from warren.runtime.net.sniff import Kind, sniff
-from warren.store import EgressPolicy, HostRule
+from warren.store import EgressPolicy, HostRule, UpstreamProxy
 
 
 def _client_hello(name: str) -> bytes:
@@ -75,10 +75,17 @@ def test_wire_shapes_parse_and_bad_input_is_400() -> None:
     assert network_body(p)["rules"] == {"api.test": [{"transform": {"headers": {"Authorization": "Bearer s"}}}]}
     assert parse_update({"allow_internet_access": False}).deny_out == ("0.0.0.0/0",)
     assert parse_egress(None) == EgressPolicy()
+    up = parse_egress({"egressProxy": {"address": "p.test:1080", "username": "u", "password": "pw",
+                                       "tls": {"enabled": True, "serverName": "s.test", "caCert": "PEM"}}})
+    assert up.upstream == UpstreamProxy("p.test:1080", "u", "pw", True, "s.test", "PEM") and not up.is_open
+    assert network_body(up)["egressProxy"] == {"address": "p.test:1080", "username": "u",
+                                               "tls": {"serverName": "s.test"}}
     for bad in ({"denyOut": ["example.com"]}, {"allowOut": ["*"]}, {"allowOut": ["not a name!"]},
                 {"allowOut": "1.1.1.1"}, {"allowOut": ["::1"]}, {"rules": {"*": []}},
                 {"rules": {"a.test": [{"transform": {"headers": {"Bad Name": "x"}}}]}},
                 {"rules": {"a.test": [{"transform": {"headers": {"X": "a\r\nB: c"}}}]}},
-                {"dnsServers": ["dns.test"]}, {"egressProxy": {"address": "p.test:1080"}}):
+                {"dnsServers": ["dns.test"]}, {"egressProxy": {"address": "p.test"}},
+                {"egressProxy": {"address": "p.test:1080", "password": "x"}},
+                {"egressProxy": {"address": "p.test:99999"}}, {"egressProxy": {"address": "p.test:1", "tls": "yes"}}):
         with pytest.raises(InvalidRequestError):
             parse_egress(bad)

@@ -29,6 +29,7 @@ from warren.store import (
     OnTimeout,
     SandboxRepo,
     TemplateRepo,
+    UpstreamProxy,
 )
 from warren.store.migrations import VERSION
 
@@ -161,6 +162,7 @@ async def test_old_records_have_an_open_egress_policy_and_a_policy_round_trips(t
             deny_out=("0.0.0.0/0",),
             rules=(HostRule("api.test", (("Authorization", "Bearer s3cret"),)),),
             dns_servers=("1.1.1.1",),
+            upstream=UpstreamProxy("p.test:1080", "u", "pw", True, None, None),
         )
         changed = dataclasses.replace(records[0], egress=policy)
         await repo.put(changed)

@@ -6,8 +6,9 @@ Objects (all in ``table inet <table>``, replaced atomically in one ``nft -f`` tr
     set   ed-X   denied IPv4 ranges (``denyOut``)
     chain ef-X   forward: ``@ea-X`` accept, ``@ed-X`` reject (allow beats deny); jumped from the
                  ``egress_fwd`` verdict map after the table's own drops (always-denied ranges, the host)
-    chain en-X   nat prerouting: what goes to the node's egress proxy on port P (TCP 80/443 when there are
-                 header rules; any TCP port to a denied address when ``allowOut`` names a domain);
+    chain en-X   nat prerouting: what goes to the node's egress proxy on port P (all TCP with an upstream
+                 SOCKS5 proxy; TCP 80/443 when there are header rules; any TCP port to a denied address
+                 when ``allowOut`` names a domain);
                  jumped from ``egress_nat``
 
 Destinations in the table's ``blocked`` set and DNS to the node's resolvers are never redirected.
@@ -52,6 +53,8 @@ class EgressRules:
             f"add rule {t} {en} ip daddr @blocked return",
             f"add rule {t} {en} ip daddr @dns th dport 53 return",
         ]
+        if egress.policy.upstream is not None:  # every TCP connection is tunneled (after the proxy's checks)
+            lines.append(f"add rule {t} {en} meta l4proto tcp redirect to :{proxy_port}")
         if egress.policy.rules:
             lines.append(f"add rule {t} {en} tcp dport {{ 80, 443 }} redirect to :{proxy_port}")
         if egress.domains and egress.ip_deny:

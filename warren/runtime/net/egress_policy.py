@@ -48,7 +48,8 @@ class CompiledEgress:
     @property
     def proxied(self) -> bool:
         """Whether some connections go through the egress proxy."""
-        return bool(self.policy.rules) or (bool(self.domains) and bool(self.ip_deny))
+        tunneled = self.policy.upstream is not None
+        return bool(self.policy.rules) or tunneled or (bool(self.domains) and bool(self.ip_deny))
 
     def name_allowed(self, name: str) -> bool:
         return any(_matches(name, d) for d in self.domains)

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from warren.runtime.net.egress_ca import EgressCA
 from warren.runtime.net.egress_policy import CompiledEgress
 from warren.runtime.net.sniff import MAX_SNIFF, Kind, sniff
+from warren.runtime.net.socks import SocksError, socks_dial
 
 __all__ = ["EgressProxy", "ProxyThread"]
 
@@ -42,6 +43,7 @@ HEAD_LIMIT = 65536
 _CHUNK = 65536
 
 Lookup = Callable[[str], CompiledEgress | None]
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 def _original_dst(sock: socket.socket) -> tuple[str, int]:
@@ -171,10 +173,23 @@ class EgressProxy:
     async def _serve(self, sock: socket.socket) -> None:
         try:
             await self._handle(sock)
+        except SocksError as exc:
+            _log.warning("egress through the upstream proxy failed: %s", exc)
         except (OSError, ssl.SSLError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
             _log.debug("egress connection ended: %r", exc)
         finally:
             sock.close()
+
+    async def _dial(self, policy: CompiledEgress, dst: str, port: int, name: str | None,
+                    tls: ssl.SSLContext | None = None) -> Streams:
+        """The upstream connection: direct, or through the sandbox's SOCKS5 proxy (names it matched by
+        name, the rest by address)."""
+        up = policy.policy.upstream
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            if up is None:
+                return await _dial_direct(dst, port, name, tls)
+            matched = name if name is not None and policy.name_allowed(name) else None
+            return await socks_dial(up, self.blocked, dst, port, matched, tls)
 
     async def _handle(self, sock: socket.socket) -> None:
         peer = sock.getpeername()[0]
@@ -192,8 +207,7 @@ class EgressProxy:
         loop = asyncio.get_running_loop()
         if headers is None:
             client = await asyncio.open_connection(sock=sock.dup())
-            async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                upstream = await asyncio.open_connection(dst, port)
+            upstream = await self._dial(policy, dst, port, name if kind is not Kind.OTHER else None)
             await _splice(client, upstream)
             return
         assert name is not None
@@ -203,12 +217,10 @@ class EgressProxy:
             transport, _ = await loop.connect_accepted_socket(lambda: protocol, sock.dup(),
                                                               ssl=self.ca.server_context(name))
             client = (reader, asyncio.StreamWriter(transport, protocol, reader, loop))
-            async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                upstream = await asyncio.open_connection(dst, port, ssl=self._upstream, server_hostname=name)
+            upstream = await self._dial(policy, dst, port, name, self._upstream)
         else:
             client = await asyncio.open_connection(sock=sock.dup(), limit=HEAD_LIMIT)
-            async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                upstream = await asyncio.open_connection(dst, port)
+            upstream = await self._dial(policy, dst, port, name)
         try:
             head = await client[0].readuntil(b"\r\n\r\n")
             upstream[1].write(rewrite_head(head, headers))
@@ -218,6 +230,10 @@ class EgressProxy:
                 w.close()
             raise
         await _splice(client, upstream)
+
+
+async def _dial_direct(dst: str, port: int, name: str | None, tls: ssl.SSLContext | None) -> Streams:
+    return await asyncio.open_connection(dst, port, ssl=tls, server_hostname=name if tls else None)
 
 
 class ProxyThread:
