@@ -218,6 +218,20 @@ def test_policy_survives_pause_snapshot_and_fork(node: Node, template: str) -> N
             each.kill()
 
 
+def test_update_while_paused_applies_at_resume(node: Node, template: str) -> None:
+    box = make(template)
+    try:
+        box.pause()
+        Sandbox.update_network(box.sandbox_id, {
+            "deny_out": ["0.0.0.0/0"], "allow_out": ["allowed.test"], "dns_servers": [DNS_IP],
+            "rules": {"allowed.test": [{"transform": {"headers": {"Authorization": SECRET}}}]}})
+        box = Sandbox.connect(box.sandbox_id)
+        assert not reaches(box, "http://other.test/")
+        assert fetch(box, "https://allowed.test/", verify=True)["body"]["headers"]["Authorization"] == SECRET
+    finally:
+        box.kill()
+
+
 def test_egress_proxy_tunnels_what_the_policy_allows(node: Node, world: World, template: str) -> None:
     """``egress_proxy``: allowed TCP goes through the SOCKS5 proxy (names as names, addresses as addresses,
     header rules still applied); denied traffic never reaches it; a wrong password fails closed."""

@@ -158,7 +158,10 @@ class OciRuntime(OciBackendBase):
                 continue
             if record.network is not None:
                 self._network.adopt(record.network)
-                await self._network.adopt_egress(record.network)
+                try:
+                    await self._network.adopt_egress(record.network)
+                except RuntimeFailure as exc:  # the sandbox stays; its policy is enforced at the next update
+                    _log.error("egress policy of sandbox %s not restored: %s", record.sandbox_id, exc)
             if record.uid_range is not None and self._uid_ranges is not None:
                 self._uid_ranges.adopt(record.uid_range)
             self._records[record.sandbox_id] = record
