@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import socket
 import ssl
+import struct
 
 import pytest
 
 from warren.api.network import network_body, parse_egress, parse_update
 from warren.errors import InvalidRequestError
+from warren.runtime.net.dns import parse_a_records, query_packet
 from warren.runtime.net.egress_policy import compile_egress
 from warren.runtime.net.egress_proxy import rewrite_head
 from warren.runtime.net.sniff import Kind, sniff
@@ -89,3 +92,25 @@ def test_wire_shapes_parse_and_bad_input_is_400() -> None:
                 {"egressProxy": {"address": "p.test:99999"}}, {"egressProxy": {"address": "p.test:1", "tls": "yes"}}):
         with pytest.raises(InvalidRequestError):
             parse_egress(bad)
+
+
+def _answer(qid: int, name: str, addresses: list[str], rcode: int = 0) -> bytes:
+    q = query_packet(qid, name)[12:]
+    out = struct.pack("!HHHHHH", qid, 0x8180 | rcode, 1, len(addresses) + 1, 0, 0) + q
+    out += b"\xc0\x0c" + struct.pack("!HHIH", 5, 1, 60, 2) + b"\xc0\x0c"  # a CNAME, skipped
+    for a in addresses:
+        out += b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 30, 4) + socket.inet_aton(a)
+    return out
+
+
+def test_dns_answers_are_parsed_and_bad_ones_refused() -> None:
+    assert parse_a_records(_answer(7, "a.test", ["203.0.113.1", "203.0.113.2"]), 7) == (
+        ["203.0.113.1", "203.0.113.2"], 30)
+    assert parse_a_records(_answer(7, "a.test", [], rcode=3), 7) == ([], 0)
+    for bad, qid in ((_answer(7, "a.test", ["1.2.3.4"]), 8), (b"\x00" * 5, 7),
+                     (_answer(7, "a.test", ["1.2.3.4"])[:-8], 7), (query_packet(7, "a.test"), 7)):
+        with pytest.raises(ValueError):
+            parse_a_records(bad, qid)
+    loop_ptr = struct.pack("!HHHHHH", 7, 0x8180, 1, 0, 0, 0) + b"\x01a" * 200 + b"\x00"
+    with pytest.raises(ValueError):
+        parse_a_records(loop_ptr, 7)

@@ -63,6 +63,14 @@ class CompiledEgress:
             return True
         return not any(ip in net for net in self.ip_deny)
 
+    def only_by_name(self, address: str, name: str | None) -> bool:
+        """Whether ``address`` is allowed only because of ``name`` (denied, not allowed, name allowed):
+        the proxy then dials the name's own addresses, not ``address``."""
+        ip = ipaddress.IPv4Address(address)
+        if any(ip in net for net in self.ip_allow) or not any(ip in net for net in self.ip_deny):
+            return False
+        return name is not None and self.name_allowed(name)
+
     def headers_for(self, name: str | None) -> tuple[tuple[str, str], ...] | None:
         """The headers to set on requests to ``name``; None when no rule matches."""
         if name is None:

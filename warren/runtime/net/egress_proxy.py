@@ -26,6 +26,7 @@ import struct
 import threading
 from collections.abc import Callable, Sequence
 
+from warren.runtime.net.dns import StubResolver
 from warren.runtime.net.egress_ca import EgressCA
 from warren.runtime.net.egress_policy import CompiledEgress
 from warren.runtime.net.sniff import MAX_SNIFF, Kind, sniff
@@ -118,8 +119,9 @@ def rewrite_head(head: bytes, headers: Sequence[tuple[str, str]]) -> bytes:
 
 class EgressProxy:
     def __init__(self, lookup: Lookup, blocked: Sequence[str], ca: EgressCA,
-                 upstream_ca_file: str | None = None) -> None:
+                 upstream_ca_file: str | None = None, dns_servers: Sequence[str] = ()) -> None:
         self._lookup = lookup
+        self.resolver = StubResolver(dns_servers)
         self.blocked = [ipaddress.IPv4Network(b) for b in blocked]
         self.ca = ca
         self._upstream = ssl.create_default_context()
@@ -203,6 +205,16 @@ class EgressProxy:
         if not policy.allows(dst, name):
             _log.info("egress from %s to %s:%d (%s) refused by its policy", peer, dst, port, name or "no name")
             return
+        if policy.policy.upstream is None and name is not None and policy.only_by_name(dst, name):
+            # Allowed by its name alone: dial the name's addresses (the node's resolvers), never one a
+            # sandbox picked to carry an allowed name to a denied address. With a SOCKS5 upstream the
+            # proxy resolves the name (it is sent as a name).
+            addresses = [a for a in await self.resolver.resolve(name)
+                         if not any(ipaddress.IPv4Address(a) in net for net in self.blocked)]
+            if not addresses:
+                _log.info("egress from %s to %s refused: the name does not resolve to an allowed address", peer, name)
+                return
+            dst = dst if dst in addresses else addresses[0]
         headers = policy.headers_for(name) if kind is not Kind.OTHER else None
         loop = asyncio.get_running_loop()
         if headers is None:

@@ -153,7 +153,8 @@ class NetworkManager:
         await self.nat.setup(self.dns_servers, blocked)
         if self.proxy is None:
             ca = await asyncio.to_thread(EgressCA, self.config.egress_dir)
-            proxy = EgressProxy(self._egress.get, [*blocked, self.config.cidr], ca, self.config.upstream_ca_file)
+            proxy = EgressProxy(self._egress.get, [*blocked, self.config.cidr], ca, self.config.upstream_ca_file,
+                                self.dns_servers)
             thread = ProxyThread(proxy)
             await thread.start()
             self.proxy, self._proxy_thread = proxy, thread
