@@ -19,5 +19,5 @@ lint:
 	$(VENV)/bin/mypy --strict warren
 	$(VENV)/bin/lint-imports --no-cache
 
-bench:  ## measure a real node; writes bench/report.json
-	$(VENV)/bin/python -m bench --out bench/report.json
+bench:  ## measure a real node; writes bench/report.json (with the shared node's phase profile)
+	$(VENV)/bin/python -m bench --profile --out bench/report.json

@@ -32,10 +32,13 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.subreaper import ENV as SUBREAPER_ENV
 
 REPORT = Path(__file__).parent / "report.json"
 TARGETS = {
@@ -61,17 +64,35 @@ def _machine() -> dict[str, Any]:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "loadavg_start": list(os.getloadavg()),
+        "reaper": "bench.subreaper (prompt, as tini/systemd)" if os.environ.get(SUBREAPER_ENV) == "1" else "host PID 1",
     }
 
 
 def _on_shared_node(
-    work: Path, runsc: Path | None, rootfs: Path, sections: list[str], scale: float, report: dict[str, Any]
+    work: Path, runsc: Path | None, rootfs: Path, sections: list[str], scale: float, report: dict[str, Any],
+    profile: bool,
 ) -> None:
-    """The sandboxes, templates and lifecycle sections, on one node (warm pool off unless a section sets it)."""
-    from bench.harness import bench_node, sdk_env, section
+    """The sandboxes, templates and lifecycle sections, on one node (warm pool off unless a section sets it).
 
+    With ``profile`` the node writes its phases (``warren.phases``) and ``report["profile"]`` sums them."""
+    from bench.harness import POOL_OFF, bench_node, sdk_env, section
+    from bench.profile import summarise
+
+    phases = work / "phases.jsonl"
+    env = {**POOL_OFF, "WARREN_PROFILE": str(phases)} if profile else POOL_OFF
+    try:
+        _run_shared(work, runsc, rootfs, sections, scale, report, env, bench_node, sdk_env, section)
+    finally:
+        if profile:
+            report["profile"] = summarise(phases)
+
+
+def _run_shared(
+    work: Path, runsc: Path | None, rootfs: Path, sections: list[str], scale: float, report: dict[str, Any],
+    env: dict[str, str], bench_node: Any, sdk_env: Any, section: Any,
+) -> None:
     results = report["results"]
-    with bench_node(work / "state", runsc) as node:
+    with bench_node(work / "state", runsc, env) as node:
         sdk_env(node)
         with node.client() as c:
             probes = c.get("/health").json()["runtimes"]
@@ -94,9 +115,18 @@ def _on_shared_node(
 
 
 def main() -> None:
+    if os.environ.get(SUBREAPER_ENV) != "1" and os.environ.get("WARREN_BENCH_NO_SUBREAPER") != "1":
+        # Under a prompt reaper, as nodes run in production: see bench/subreaper.py.
+        os.environ[SUBREAPER_ENV] = "1"
+        os.execv(sys.executable, [sys.executable, "-m", "bench.subreaper", "--", sys.executable, "-m", "bench",
+                                  *sys.argv[1:]])
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--out", type=Path, default=REPORT)
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
+    parser.add_argument(
+        "--profile", action="store_true",
+        help="the shared node writes the phases of create, pause, connect and resume (report['profile'])",
+    )
     parser.add_argument(
         "--only",
         default=",".join(SECTIONS),
@@ -130,7 +160,7 @@ def main() -> None:
         shared = [x for x in SECTIONS[:3] if x in only]
         try:
             if shared:
-                _on_shared_node(work, runsc, rootfs, shared, scale, report)
+                _on_shared_node(work, runsc, rootfs, shared, scale, report, args.profile)
         except Exception as exc:  # the shared node did not start or stop: its sections get the error
             for name in shared:
                 results.setdefault(name, {"error": f"{type(exc).__name__}: {exc}"})

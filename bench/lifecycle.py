@@ -2,9 +2,10 @@
 runtime verbs in the same run for a ratio, and create-to-first-command with the warm pool warm.
 
 Per runtime one source sandbox is paused and resumed ``n`` times: *pause* is ``Sandbox.pause()``
-(memory pause: ``runc pause`` / ``runsc checkpoint`` + release), *resume* is ``Sandbox.connect()`` of
+(memory pause: the runc freezer, or ``runsc checkpoint`` + a background release), *resume* is ``Sandbox.connect()`` of
 the paused sandbox until the first ``commands.run("true")`` answers (``resume_connect`` is the
-connect call alone). *snapshot* is ``create_snapshot()`` of the running source (deleted after), and
+connect call alone); ``resume_after_idle`` is the same one second after the pause (:data:`IDLE_S`).
+*snapshot* is ``create_snapshot()`` of the running source (deleted after), and
 *fork* is ``fork(count=k)`` until it returns (``..._to_first_command``: until every child answered).
 
 The bare floors run the agent's interpreter sleeping in a bare bundle (bench/bare.py): ``runc
@@ -27,6 +28,11 @@ from bench.harness import drain_pool, wait_for
 from bench.stats import summary_ms, timed
 from tests.framework.node import Node
 
+IDLE_S = 1.0
+"""*resume_after_idle*: a resume this long after the pause. A gVisor pause answers once the checkpoint is
+written and releases the container in the background (~150 ms); a resume right after the pause waits
+for that release, one after a realistic idle time does not."""
+
 
 def _fork(sbx: Any, count: int) -> tuple[float, float]:
     from e2b import Sandbox
@@ -47,8 +53,9 @@ def _fork(sbx: Any, count: int) -> tuple[float, float]:
                 c.kill()
 
 
-def pause_resume_once(sbx: Any) -> tuple[Any, float, float, float]:
-    """``sbx.pause()``, then ``Sandbox.connect`` until the first ``commands.run("true")`` answers.
+def pause_resume_once(sbx: Any, idle_s: float = 0.0) -> tuple[Any, float, float, float]:
+    """``sbx.pause()``, ``idle_s`` of idleness, then ``Sandbox.connect`` until the first
+    ``commands.run("true")`` answers.
 
     Returns the connected sandbox and the seconds of the pause, the connect call, and connect +
     first command (*resume*). ``connect`` reads the node from the SDK's environment (E2B_API_URL ...).
@@ -56,6 +63,7 @@ def pause_resume_once(sbx: Any) -> tuple[Any, float, float, float]:
     from e2b import Sandbox
 
     t_pause = timed(sbx.pause)
+    time.sleep(idle_s)
     t0 = time.perf_counter()
     sbx = Sandbox.connect(sbx.sandbox_id, timeout=600)
     t_connect = time.perf_counter() - t0
@@ -66,7 +74,7 @@ def pause_resume_once(sbx: Any) -> tuple[Any, float, float, float]:
 def sdk_lifecycle(template: str, n: int, n_fork: int) -> dict[str, Any]:
     from e2b import Sandbox
 
-    pause, connect, resume, snap = [], [], [], []
+    pause, connect, resume, snap, idle_connect, idle_resume = [], [], [], [], [], []
     fork: dict[int, tuple[list[float], list[float]]] = {1: ([], []), 3: ([], [])}
     sbx = Sandbox.create(template=template, timeout=600)
     try:
@@ -76,6 +84,10 @@ def sdk_lifecycle(template: str, n: int, n_fork: int) -> dict[str, Any]:
             pause.append(t_pause)
             connect.append(t_connect)
             resume.append(t_resume)
+        for _ in range(max(2, n // 2)):
+            sbx, _, t_connect, t_resume = pause_resume_once(sbx, idle_s=IDLE_S)
+            idle_connect.append(t_connect)
+            idle_resume.append(t_resume)
         for _ in range(n):
             t0 = time.perf_counter()
             info = sbx.create_snapshot()
@@ -93,6 +105,8 @@ def sdk_lifecycle(template: str, n: int, n_fork: int) -> dict[str, Any]:
         "pause": summary_ms(pause),
         "resume": summary_ms(resume),
         "resume_connect": summary_ms(connect),
+        "resume_after_idle": summary_ms(idle_resume),
+        "resume_after_idle_connect": summary_ms(idle_connect),
         "snapshot": summary_ms(snap),
     }
     for count, (calls, firsts) in fork.items():
@@ -191,6 +205,10 @@ def run_lifecycle(
         ),
         "gvisor_resume_vs_bare_restore_p50": _ratio(g.get("resume", {}), bare.get("runsc_restore", {})),
         "gvisor_resume_connect_vs_bare_restore_p50": _ratio(g.get("resume_connect", {}), bare.get("runsc_restore", {})),
+        "gvisor_resume_after_idle_connect_vs_bare_restore_p50": _ratio(
+            g.get("resume_after_idle_connect", {}), bare.get("runsc_restore", {})
+        ),
+        "runc_resume_connect_vs_bare_resume_p50": _ratio(rc.get("resume_connect", {}), bare.get("runc_resume", {})),
         "runc_pause_vs_bare_pause_p50": _ratio(rc.get("pause", {}), bare.get("runc_pause", {})),
         "runc_resume_vs_bare_resume_p50": _ratio(rc.get("resume", {}), bare.get("runc_resume", {})),
     }

@@ -97,6 +97,9 @@ class Settings:
     sandbox_disk_mb: int | None = None
     """When set, the disk size of every sandbox this node starts, instead of its template's ``diskSizeMB``
     (``WARREN_SANDBOX_DISK_MB``)."""
+    profile_file: Path | None = None
+    """Append the wall-clock phases of API operations to this file as JSON lines (``WARREN_PROFILE``;
+    ``bench --profile``). See ``warren.phases``."""
 
     @classmethod
     def from_env(cls, state_dir: Path, **overrides: object) -> Settings:
@@ -153,6 +156,7 @@ _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
     "WARREN_NETWORK_TABLE": ("network_table", str),
     "WARREN_NETWORK_PREFIX": ("network_prefix", str),
     "WARREN_EGRESS_UPSTREAM_CA": ("egress_upstream_ca", Path),
+    "WARREN_PROFILE": ("profile_file", Path),
 }
 """Environment variable → (Settings field, parser), applied by :meth:`Settings.from_env`."""
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import uvicorn
 
+from . import phases
 from .aio import wait_event_or_task
 from .api import Services, create_app
 from .api.auth import load_or_create_api_key
@@ -169,7 +170,11 @@ async def serve(
     await asyncio.to_thread(seal_state_dir, settings.state_dir)
     lock = await acquire_instance_lock(settings.state_dir / INSTANCE_LOCK_NAME, budget_s=settings.lock_budget_s)
     with lock:
-        await _serve_locked(settings, caps, stop=stop, ready=ready)
+        phases.configure(settings.profile_file)
+        try:
+            await _serve_locked(settings, caps, stop=stop, ready=ready)
+        finally:
+            phases.configure(None)
 
 
 async def _serve_locked(
@@ -245,6 +250,7 @@ async def _serve_locked(
                 serving = group.create_task(server.serve(), name="http-server")
                 timers = group.create_task(manager.run_timers(), name="ttl-timers")
                 reaper = group.create_task(manager.run_reaper(), name="exit-reaper")
+                sampler = group.create_task(manager.run_metrics(), name="metrics-sampler")
                 prewarm = group.create_task(node_runtimes.registry.prewarmer.run(), name="runtime-prewarm")
                 pool = group.create_task(manager.pool.run(), name="warm-pool")
                 while not server.started:
@@ -263,6 +269,7 @@ async def _serve_locked(
                 server.should_exit = True
                 timers.cancel()
                 reaper.cancel()
+                sampler.cancel()
                 prewarm.cancel()
                 pool.cancel()  # its finally stops the pooled sandboxes
                 await builds.aclose()

@@ -74,3 +74,14 @@ async def test_opening_sweeps_temp_dirs_and_moves_garbage_aside(tmp_path: Path) 
     moved = sorted(p.name.split("-", 1)[1] for p in (tmp_path / "quarantine").iterdir())
     assert moved == ["sbad", "shalf", "stray-file"]
     assert (next((tmp_path / "quarantine").glob("*-shalf")) / "data" / "upper" / "d").is_dir()
+
+
+def test_ids_no_file_can_have_are_not_found(tmp_path: Path) -> None:
+    """Found by the OpenAPI fuzz run: a create naming ``"a\\x00b"`` as its template answered 500."""
+    from warren.errors import NotFoundError
+
+    repo = SnapshotRepository(tmp_path / "snapshots")
+    for bad in ("a\x00b", "x" * 300, "\ud9ee", ""):
+        with pytest.raises(NotFoundError):
+            repo.get(bad)
+        assert repo.find(bad) is None

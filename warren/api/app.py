@@ -76,6 +76,7 @@ def create_app(services: Services, *, max_keepalive: int = 512) -> tuple[ASGIApp
         services.manager.route,
         services.settings.domain,
         wake=services.manager.wake,
+        ended=services.manager.ended,
         max_keepalive=max_keepalive,
     )
     return _OriginFormOnly(proxy), proxy

@@ -206,9 +206,10 @@ def parse_update(body: dict[str, Any]) -> EgressPolicy:
     return parse_egress(body, allow_internet=allow)
 
 
-def network_body(egress: EgressPolicy) -> dict[str, Any]:
-    """The egress half of ``SandboxDetail.network``."""
-    out: dict[str, Any] = {"allowOut": list(egress.allow_out), "denyOut": list(egress.deny_out)}
+def egress_body(egress: EgressPolicy) -> dict[str, Any]:
+    """What ``SandboxDetail.network`` shows of the policy besides ``allowOut``/``denyOut`` (those are
+    shown as sent, from the record's ``requested``): rules, DNS servers, the upstream proxy."""
+    out: dict[str, Any] = {}
     if egress.rules:
         out["rules"] = {r.host: [{"transform": {"headers": dict(r.headers)}}] for r in egress.rules}
     if egress.dns_servers is not None:

@@ -8,9 +8,11 @@ the sandbox's upper dir, so pause, resume, snapshot and fork keep them.
 
 from __future__ import annotations
 
+import dataclasses
+
+from ..guestclient import AgentClient, AgentError
 from ..runtime.base import AGENT_PORT
-from ..store import EgressPolicy, SandboxRecord
-from ..templates.agent_client import AgentClient, AgentError
+from ..store import EgressPolicy, NetworkConfig, SandboxRecord
 from .runtimes import RuntimeSet
 from .states import SandboxState
 from .table import SandboxTable
@@ -33,9 +35,10 @@ async def install_egress_ca(address: str, port: int, token: str | None, pem: byt
 
 
 async def update_network(table: SandboxTable, runtimes: RuntimeSet, sandbox_id: str,
-                         egress: EgressPolicy) -> SandboxRecord:
+                         egress: EgressPolicy, asked: NetworkConfig | None = None) -> SandboxRecord:
     """Replace the sandbox's egress policy: enforced at once when it runs (or is frozen), at resume when
-    it is paused; stored with the sandbox either way. 409 while it is changing state."""
+    it is paused; stored with the sandbox either way. ``asked``: the update's ``allowOut``/``denyOut`` as
+    sent, which ``get_info`` shows from now on. 409 while it is changing state."""
     sandbox = table.get(sandbox_id)
     async with sandbox.lock:
         sandbox.require(SandboxState.RUNNING, SandboxState.PAUSED)
@@ -44,4 +47,9 @@ async def update_network(table: SandboxTable, runtimes: RuntimeSet, sandbox_id: 
         if egress.rules and sandbox.state is SandboxState.RUNNING and sandbox.record.address:
             await install_egress_ca(sandbox.record.address, AGENT_PORT, sandbox.record.access_token,
                                     runtime.egress_ca())
-        return await sandbox.update(egress=egress)
+        requested = sandbox.record.requested
+        if asked is not None:
+            before = requested.network or NetworkConfig()
+            network = dataclasses.replace(before, allow_out=asked.allow_out, deny_out=asked.deny_out)
+            requested = dataclasses.replace(requested, network=network)
+        return await sandbox.update(egress=egress, requested=requested)

@@ -12,13 +12,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import phases
 from ..config import Settings
 from ..errors import InvalidRequestError, NotFoundError, RuntimeFailure
 from ..ids import new_sandbox_id
 from ..runtime.base import Resources, RuntimeKind, SandboxSpec
 from ..runtime.registry import StagedRuntime
 from ..snapshots import SnapshotRepository
-from ..store import EgressPolicy, LifecyclePolicy, RuntimeBinding, SandboxRecord, TemplateRepo
+from ..store import EgressPolicy, LifecyclePolicy, Requested, RuntimeBinding, SandboxRecord, TemplateRepo
 from .agent import DEFAULT_USER, init_agent, init_sandbox, wait_healthy
 from .capacity import Capacity
 from .egress import install_egress_ca
@@ -58,6 +59,7 @@ class Launch:
     policy: LifecyclePolicy = field(default_factory=LifecyclePolicy)
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     use_pool: bool = True
+    requested: Requested = field(default_factory=Requested)
 
 
 class Launcher:
@@ -97,6 +99,7 @@ class Launcher:
                 allow_internet=req.allow_internet,
                 policy=req.lifecycle or LifecyclePolicy(),
                 egress=req.egress,
+                requested=req.requested,
             )
         )
 
@@ -136,6 +139,7 @@ class Launcher:
             self._runtimes.available(kind)
             usable = launch.use_pool and source is None and launch.allow_internet and launch.egress.is_open
             pooled = self.pool.claim(launch.origin, kind) if usable else None
+            phases.qualify(f"{kind.value}-{'pool' if pooled else 'snapshot' if source else 'cold'}")
             if pooled is not None:
                 try:
                     if launch.origin.start_cmd is None:
@@ -172,6 +176,7 @@ class Launcher:
             egress=launch.egress,
             binding=RuntimeBinding(runtime_hash=staged.runtime_hash if staged else None),
             origin=origin.snapshot_id,
+            requested=launch.requested,
         )
 
     async def _claim(self, launch: Launch, pooled: Pooled) -> SandboxRecord:

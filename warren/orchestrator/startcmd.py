@@ -16,8 +16,8 @@ import time
 
 from ..config import Settings
 from ..errors import RuntimeFailure
+from ..guestclient import AgentClient, AgentError
 from ..runtime.base import SandboxHandle
-from ..templates.agent_client import AgentClient, AgentError
 from .origin import Origin
 
 DEFAULT_READY_TIMEOUT_S = 30.0

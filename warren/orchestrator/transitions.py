@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from .. import phases
 from ..config import Settings
 from ..errors import ConflictError, NotFoundError, RuntimeFailure
 from ..runtime.base import PauseMode, RuntimeState
@@ -71,10 +72,11 @@ class Transitions:
         async with sandbox.lock:
             if sandbox.state is SandboxState.PAUSED:
                 with self._capacity.slot():  # a resumed sandbox holds a slot again (429 when none is free)
-                    await self._resume_locked(sandbox)
+                    await self._resume_locked(sandbox, end_at=end_at)
                 resumed = True
-            if end_at > sandbox.record.end_at or resumed:
-                await sandbox.update(end_at=end_at)
+            elif end_at > sandbox.record.end_at:
+                with phases.phase("save.end_at"):
+                    await sandbox.update(end_at=end_at)
         return sandbox.record, resumed
 
     async def pause(self, sandbox_id: str, *, memory: bool = True) -> SandboxRecord:
@@ -88,12 +90,16 @@ class Transitions:
 
     async def pause_locked(self, sandbox: Sandbox, mode: PauseMode) -> None:
         runtime = self._runtimes.of(sandbox.kind)
+        phases.qualify(sandbox.kind.value)
         # The mode is recorded with PAUSING, so a crash mid-pause still knows how to resume.
         sandbox.stage(binding=dataclasses.replace(sandbox.record.binding, pause_mode=mode))
-        await sandbox.set_state(SandboxState.PAUSING)
-        await self._table.unroute(sandbox.id)
+        with phases.phase("save.pausing"):
+            await sandbox.set_state(SandboxState.PAUSING)
+        with phases.phase("unroute"):
+            await self._table.unroute(sandbox.id)
         try:
-            await runtime.pause(sandbox.id, mode)
+            with phases.phase("runtime.pause"):
+                await runtime.pause(sandbox.id, mode)
             await self._faults.reached(FaultPoint.PAUSE)
         except RuntimeFailure:
             if await runtime.state(sandbox.id) == RuntimeState.RUNNING:
@@ -104,21 +110,27 @@ class Transitions:
                 await sandbox.set_state(SandboxState.KILLING)
                 await asyncio.shield(self._table.discard(sandbox))
             raise
-        await sandbox.set_state(SandboxState.PAUSED)
+        with phases.phase("save.paused"):
+            await sandbox.set_state(SandboxState.PAUSED)
         self._capacity.freed()
 
-    async def _resume_locked(self, sandbox: Sandbox) -> None:
+    async def _resume_locked(self, sandbox: Sandbox, *, end_at: float) -> None:
+        """Resume; the new ``end_at`` is saved with the RUNNING state (one write, not two)."""
         kind = sandbox.kind
         runtime = self._runtimes.available(kind)
+        phases.qualify(kind.value)
         binding = sandbox.record.binding
         mode = binding.pause_mode or PauseMode.MEMORY
         staged = await self._runtimes.stage(binding.runtime_hash, kind) if binding.runtime_hash else None
-        await sandbox.set_state(SandboxState.RESUMING)
+        with phases.phase("save.resuming"):
+            await sandbox.set_state(SandboxState.RESUMING)
         try:
-            handle = await runtime.resume(self._runtimes.spec(sandbox.record, staged), mode)
+            with phases.phase("runtime.resume"):
+                handle = await runtime.resume(self._runtimes.spec(sandbox.record, staged), mode)
             await self._faults.reached(FaultPoint.RESUME)
             sandbox.bind(handle)
-            await wait_healthy(handle.address, handle.agent_port, time.monotonic() + AGENT_START_DEADLINE_S[kind])
+            with phases.phase("agent.healthy"):
+                await wait_healthy(handle.address, handle.agent_port, time.monotonic() + AGENT_START_DEADLINE_S[kind])
             if mode is PauseMode.FILESYSTEM:
                 await init_sandbox(sandbox.record, handle.address, handle.agent_port, previous_token=None)
             if sandbox.record.egress.rules:  # rules set while it was paused: it must trust the egress CA
@@ -127,5 +139,7 @@ class Transitions:
         except BaseException:
             await asyncio.shield(sandbox.set_state(SandboxState.PAUSED))
             raise
-        await sandbox.set_state(SandboxState.RUNNING)
+        sandbox.stage(end_at=end_at)
+        with phases.phase("save.running"):
+            await sandbox.set_state(SandboxState.RUNNING)
         self._table.exits.watch(sandbox.id, handle.init_pid)

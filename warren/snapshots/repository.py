@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import secrets
@@ -101,12 +102,16 @@ class SnapshotRepository:
         await asyncio.to_thread(publish)
 
     def get(self, snapshot_id: str) -> SnapshotManifest:
-        if snapshot_id.startswith(".") or "/" in snapshot_id:
-            raise NotFoundError(f"snapshot {snapshot_id} not found")
+        if not snapshot_id or snapshot_id.startswith(".") or "/" in snapshot_id or "\x00" in snapshot_id:
+            raise NotFoundError(f"snapshot {snapshot_id!r} not found")
         try:
             raw = (self.root / snapshot_id / MANIFEST).read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             raise NotFoundError(f"snapshot {snapshot_id} not found") from None
+        except (UnicodeError, OSError) as exc:  # a name no file can have (too long, not encodable): none here
+            if isinstance(exc, OSError) and exc.errno not in (errno.ENAMETOOLONG, errno.EILSEQ):
+                raise
+            raise NotFoundError(f"snapshot {snapshot_id!r} not found") from None
         return SnapshotManifest.decode(raw)
 
     def find(self, id_or_name: str) -> SnapshotManifest | None:

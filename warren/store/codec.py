@@ -15,10 +15,12 @@ from .records import (
     EgressPolicy,
     HostRule,
     ImageConfig,
-     LifecyclePolicy,
+    LifecyclePolicy,
+    NetworkConfig,
     OnTimeout,
     PauseMode,
     Provenance,
+    Requested,
     RuntimeBinding,
     UpstreamProxy,
 )
@@ -64,6 +66,32 @@ def binding_of(raw: dict[str, Any]) -> RuntimeBinding:
         init_pid=int(pid) if pid is not None else None,
         pause_mode=PauseMode(mode) if mode is not None else None,
     )
+
+
+def requested_to_json(req: Requested) -> str:
+    net = req.network
+    network = None
+    if net is not None:
+        network = {
+            "allow_public_traffic": net.allow_public_traffic,
+            "allow_out": list(net.allow_out) if net.allow_out is not None else None,
+            "deny_out": list(net.deny_out) if net.deny_out is not None else None,
+        }
+    return _dump({"allow_internet_access": req.allow_internet_access, "network": network})
+
+
+def requested_of(raw: dict[str, Any]) -> Requested:
+    allow = raw.get("allow_internet_access")
+    net = raw.get("network")
+    network = None
+    if isinstance(net, dict):
+        public = net.get("allow_public_traffic")
+        network = NetworkConfig(
+            allow_public_traffic=bool(public) if public is not None else None,
+            allow_out=_strs(net["allow_out"]) if net.get("allow_out") is not None else None,
+            deny_out=_strs(net["deny_out"]) if net.get("deny_out") is not None else None,
+        )
+    return Requested(allow_internet_access=bool(allow) if allow is not None else None, network=network)
 
 
 def egress_json(egress: EgressPolicy) -> dict[str, Any]:

@@ -3,8 +3,8 @@
     0 -> 1   the schema before versions were kept; ``templates.build`` added when missing
     1 -> 2   ``sandboxes.extra`` (one JSON dict of 11 string keys) split into the typed JSON columns
              ``image``, ``policy``, ``binding`` and ``origin``; ``extra`` is dropped
-
-    2 -> 3   ``sandboxes.egress``: the sandbox's outbound policy (JSON, ``{}`` = open, what older rows get)
+    2 -> 3   ``sandboxes.requested``: what the create asked for (``{}`` for older sandboxes: not set)
+    3 -> 4   ``sandboxes.egress``: the sandbox's outbound policy (JSON, ``{}`` = open, what older rows get)
 
 Every upgrade runs in one transaction with the version bump: a crash leaves the old schema whole.
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from . import codec
 
-VERSION = 3
+VERSION = 4
 
 _TABLES = (
     """
@@ -40,6 +40,7 @@ _TABLES = (
         policy TEXT NOT NULL DEFAULT '{}',
         binding TEXT NOT NULL DEFAULT '{}',
         origin TEXT,
+        requested TEXT NOT NULL DEFAULT '{}',
         egress TEXT NOT NULL DEFAULT '{}'
     )
     """,
@@ -99,11 +100,16 @@ def _to_2(conn: sqlite3.Connection) -> None:
 
 
 def _to_3(conn: sqlite3.Connection) -> None:
+    if "requested" not in _columns(conn, "sandboxes"):
+        conn.execute("ALTER TABLE sandboxes ADD COLUMN requested TEXT NOT NULL DEFAULT '{}'")
+
+
+def _to_4(conn: sqlite3.Connection) -> None:
     if "egress" not in _columns(conn, "sandboxes"):
         conn.execute("ALTER TABLE sandboxes ADD COLUMN egress TEXT NOT NULL DEFAULT '{}'")
 
 
-_UPGRADES: dict[int, Callable[[sqlite3.Connection], None]] = {1: _to_1, 2: _to_2, 3: _to_3}
+_UPGRADES: dict[int, Callable[[sqlite3.Connection], None]] = {1: _to_1, 2: _to_2, 3: _to_3, 4: _to_4}
 """Target version -> the step that reaches it from the one before."""
 
 

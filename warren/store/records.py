@@ -1,11 +1,12 @@
 """Frozen records the store returns. They carry data only; behaviour lives in the orchestrator.
 
-A sandbox record is flat columns plus four typed sub-records, each stored as one JSON column:
+A sandbox record is flat columns plus six typed sub-records, each stored as one JSON column:
 
     image     ImageConfig      layers, env, workdir, user: what resume and snapshot need of its template
     policy    LifecyclePolicy  what a timeout does, whether traffic wakes it, how a timeout pauses
     binding   RuntimeBinding   the runtime hash it runs on, its init pid, how it was last paused
     origin    str | None       the snapshot it was restored from (``from_snapshot``), if any
+    requested Requested        what the create asked for (internet access, network), as asked
     egress    EgressPolicy     where it may connect out (``network.allowOut``/``denyOut``/``rules``)
 """
 
@@ -63,6 +64,23 @@ class RuntimeBinding:
     init_pid: int | None = None
     pause_mode: PauseMode | None = None
     """Recorded with ``pausing``, so a crash mid-pause still knows how to resume."""
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """The ``network`` object a create sent (E2B's ``SandboxNetworkConfig``), the parts warren applies."""
+
+    allow_public_traffic: bool | None = None
+    allow_out: tuple[str, ...] | None = None
+    deny_out: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Requested:
+    """What a create asked for, as it asked (``get_info`` shows it; None: not set at create)."""
+
+    allow_internet_access: bool | None = None
+    network: NetworkConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +147,7 @@ class SandboxRecord:
     binding: RuntimeBinding = field(default_factory=RuntimeBinding)
     origin: str | None = None
     """The snapshot this sandbox was restored from, if any."""
+    requested: Requested = field(default_factory=Requested)
     egress: EgressPolicy = field(default_factory=EgressPolicy)
 
 

@@ -36,6 +36,7 @@ def _sandbox(row: sqlite3.Row) -> SandboxRecord:
         policy=codec.policy_of(codec.load(row["policy"])),
         binding=codec.binding_of(codec.load(row["binding"])),
         origin=row["origin"],
+        requested=codec.requested_of(codec.load(row["requested"])),
         egress=codec.egress_of(codec.load(row["egress"])),
     )
 
@@ -49,6 +50,7 @@ def _sandbox_params(rec: SandboxRecord) -> list[object]:
         "image": codec.image_to_json(rec.image),
         "policy": codec.policy_to_json(rec.policy),
         "binding": codec.binding_to_json(rec.binding),
+        "requested": codec.requested_to_json(rec.requested),
         "egress": codec.egress_to_json(rec.egress),
     }
     return [columns[c] for c in _SANDBOX_COLS]

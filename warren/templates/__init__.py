@@ -12,7 +12,6 @@ build.py          ``BuildService``: the facade of the E2B template API engine (t
 steps.py          build steps, pure: parsing, metadata, cache keys, the SDK's COPY files hash
 buildlog.py       a build's status and log as the SDK polls them
 uploads.py        COPY uploads, content-addressed by files hash
-agent_client.py   host-side guest agent client (processes, files) for builds and start commands
 guest_helper.py   stdlib script run inside build sandboxes (accounts, mkdir, COPY unpacking)
 dockerfile.py     a Dockerfile as a build request (the SDK's converter), for ``warren build``
 """

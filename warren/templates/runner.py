@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from warren.errors import WarrenError
+from warren.guestclient import AgentError, OutputCallback, ProcessResult
 from warren.runtime.base import AGENT_MOUNT
 from warren.templates import guest_helper
-from warren.templates.agent_client import AgentError, OutputCallback, ProcessResult
 from warren.templates.buildlog import BuildLog
 from warren.templates.model import BASE_STEP, FINALIZE_STEP, BuildFailed
 from warren.templates.steps import (
@@ -42,7 +42,7 @@ _COPY_CHUNK = 1 << 20
 
 
 class BuildAgent(Protocol):
-    """The guest agent calls a build makes (``warren.templates.agent_client.AgentClient``)."""
+    """The guest agent calls a build makes (``warren.guestclient.AgentClient``)."""
 
     async def run(
         self,

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from warren.errors import WarrenError
+from warren.guestclient import AgentClient
 from warren.ids import new_id
 from warren.runtime.base import Resources, Runtime, RuntimeKind, RuntimeProbe, SandboxSpec
-from warren.templates.agent_client import AgentClient
 from warren.templates.buildlog import BuildLog
 from warren.templates.model import BASE_STEP, DEFAULT_DISK_MB, SANDBOX_PREFIX, BuildFailed
 from warren.templates.steps import ROOT

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from warren.api.network import network_body, parse_egress, parse_update
+from warren.api.network import egress_body, parse_egress, parse_update
 from warren.errors import InvalidRequestError
 from warren.runtime.net.dns import parse_a_records, query_packet
 from warren.runtime.net.egress_policy import compile_egress
@@ -75,13 +75,13 @@ def test_wire_shapes_parse_and_bad_input_is_400() -> None:
     p = parse_egress(body)
     assert p.allow_out == ("203.0.113.7/32", "*.example.test", "10.0.0.0/8") and p.deny_out == ("0.0.0.0/0",)
     assert p.rules == (HostRule("api.test", (("Authorization", "Bearer s"),)),) and p.dns_servers == ("1.1.1.1",)
-    assert network_body(p)["rules"] == {"api.test": [{"transform": {"headers": {"Authorization": "Bearer s"}}}]}
+    assert egress_body(p)["rules"] == {"api.test": [{"transform": {"headers": {"Authorization": "Bearer s"}}}]}
     assert parse_update({"allow_internet_access": False}).deny_out == ("0.0.0.0/0",)
     assert parse_egress(None) == EgressPolicy()
     up = parse_egress({"egressProxy": {"address": "p.test:1080", "username": "u", "password": "pw",
                                        "tls": {"enabled": True, "serverName": "s.test", "caCert": "PEM"}}})
     assert up.upstream == UpstreamProxy("p.test:1080", "u", "pw", True, "s.test", "PEM") and not up.is_open
-    assert network_body(up)["egressProxy"] == {"address": "p.test:1080", "username": "u",
+    assert egress_body(up)["egressProxy"] == {"address": "p.test:1080", "username": "u",
                                                "tls": {"serverName": "s.test"}}
     for bad in ({"denyOut": ["example.com"]}, {"allowOut": ["*"]}, {"allowOut": ["not a name!"]},
                 {"allowOut": "1.1.1.1"}, {"allowOut": ["::1"]}, {"rules": {"*": []}},

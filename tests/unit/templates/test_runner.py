@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from warren.templates.agent_client import AgentError, OutputCallback, ProcessResult
+from warren.guestclient import AgentError, OutputCallback, ProcessResult
 from warren.templates.buildlog import BuildLog
 from warren.templates.model import BuildFailed
 from warren.templates.runner import HELPER_ARGV, LineLogger, StepRunner

@@ -47,12 +47,17 @@ _HOP_BY_HOP = frozenset(
 )
 Resolver = Callable[[str], "tuple[str, SandboxState] | None"]
 Waker = Callable[[str], Awaitable[str | None]]
+Ended = Callable[[str], bool]
+"""Whether this node recently held a sandbox under this id that is gone now (killed, timed out, died)."""
 _WAKE_DEADLINE_S = 60.0
 """How long proxied requests wait for a paused sandbox to auto-resume (gVisor restores take ~0.3-2 s)."""
 
 
-async def _send_json(send: Send, status: int, message: str) -> None:
-    body = json.dumps({"code": status, "message": message}).encode()
+async def _send_json(send: Send, status: int, message: str, sandbox_id: str | None = None) -> None:
+    fields: dict[str, object] = {"code": status, "message": message}
+    if sandbox_id is not None:
+        fields["sandboxId"] = sandbox_id
+    body = json.dumps(fields).encode()
     await send(
         {
             "type": "http.response.start",
@@ -89,6 +94,13 @@ def _without_dot_segments(path: bytes) -> bytes:
     return b"/".join(out) or b"/"
 
 
+def _not_running(sandbox_id: str, why: str | None) -> str:
+    """The 502 message of a sandbox that does not run: E2B's client proxy says "The sandbox was not
+    found", and the SDK maps a 502 whose message has "was not found" to ``SandboxNotRunningException``
+    (``is_running()`` is False for any 502); ``why`` tells paused from killed."""
+    return f"The sandbox {sandbox_id} was not found" + (f": {why}" if why else "")
+
+
 class _Paused(Exception):
     """The target sandbox is paused and does not auto-resume."""
 
@@ -107,11 +119,13 @@ class SandboxProxy:
         domain: str | None,
         *,
         wake: Waker | None = None,
+        ended: Ended | None = None,
         max_keepalive: int = 512,
     ) -> None:
         self._app = app
         self._resolve = resolve
         self._wake = wake
+        self._ended = ended
         self._domain = domain
         self._max_keepalive = max_keepalive
         self._pools: dict[str, SandboxPool] = {}
@@ -204,13 +218,16 @@ class SandboxProxy:
         try:
             address = await self._upstream(target)
         except _Paused:
-            await _send_json(send, 410, f"The sandbox {target.sandbox_id} is paused; resume it with connect")
+            paused = _not_running(target.sandbox_id, "it is paused (connect resumes it)")
+            await _send_json(send, 502, paused, target.sandbox_id)
             return
         except TooManyRequestsError as exc:
             await _send_json(send, 429, str(exc))
             return
         if address is None:
-            await _send_json(send, 502, f"The sandbox {target.sandbox_id} was not found")
+            ended = self._ended is not None and self._ended(target.sandbox_id)
+            gone = _not_running(target.sandbox_id, "it was killed or reached its timeout" if ended else None)
+            await _send_json(send, 502, gone, target.sandbox_id)
             return
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP_BY_HOP]
         has_body = any(
@@ -236,7 +253,7 @@ class SandboxProxy:
             )
             return
         except UpstreamError as exc:
-            await _send_json(send, 502, f"The sandbox {target.sandbox_id} was not found: {exc}")
+            await _send_json(send, 502, _not_running(target.sandbox_id, str(exc)), target.sandbox_id)
             return
         try:
             try:

@@ -17,13 +17,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from warren import phases
 from warren.errors import ConflictError, InvalidRequestError, NotFoundError, RuntimeFailure, UnavailableError
 from warren.runtime.agent_bundle import AGENT_ARGV, agent_environment
 from warren.runtime.base import AGENT_PORT, PauseMode, RuntimeKind, SandboxHandle, SandboxSpec
 from warren.runtime.cgroups import CgroupHierarchies
 from warren.runtime.disk import SandboxDisks
+from warren.runtime.freezer import freezer_of
 from warren.runtime.net.manager import NetworkManager
-from warren.runtime.oci.cli import RuntimeCli
+from warren.runtime.oci.cli import CLI_TIMEOUT, RuntimeCli
 from warren.runtime.oci.command import run_command
 from warren.runtime.oci.layout import SandboxPaths, SandboxRecord, validate_sandbox_id, write_etc_files
 from warren.runtime.oci.releases import PendingReleases, ReleaseStatistics
@@ -203,6 +205,28 @@ class OciBackendBase:
     def _cgroup_rel(self, sandbox_id: str) -> str:
         return f"{self.cgroup_parent}/{sandbox_id}"
 
+    async def _freeze(self, sandbox_id: str) -> None:
+        """``runc pause``, done as runc does it but without starting runc (:mod:`warren.runtime.freezer`)."""
+        freezer = await asyncio.to_thread(freezer_of, self._cgroups, self._cgroup_rel(sandbox_id))
+        if freezer is None:
+            await run_command(self._cli_of(sandbox_id).argv("pause", sandbox_id), timeout=CLI_TIMEOUT)
+            return
+        try:
+            await asyncio.to_thread(freezer.freeze)
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot freeze sandbox {sandbox_id}: {exc}") from exc
+
+    async def _thaw(self, sandbox_id: str) -> None:
+        """``runc resume`` without starting runc."""
+        freezer = await asyncio.to_thread(freezer_of, self._cgroups, self._cgroup_rel(sandbox_id))
+        if freezer is None:
+            await run_command(self._cli_of(sandbox_id).argv("resume", sandbox_id), timeout=CLI_TIMEOUT)
+            return
+        try:
+            await asyncio.to_thread(freezer.thaw)
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot thaw sandbox {sandbox_id}: {exc}") from exc
+
     def _record(self, sandbox_id: str) -> SandboxRecord | None:
         """This backend's record of the sandbox (memory, else disk); None if unknown or the other kind's."""
         record = self._records.get(sandbox_id) or load_record(self.sandbox_paths(sandbox_id))
@@ -233,7 +257,8 @@ class OciBackendBase:
                       *, restore: Path | None, uid_range: UidRange | None) -> SandboxHandle:
         """Network, overlay (unless mounted), bundle, then ``run`` or ``restore``; undo steps go on ``undo``."""
         sid = spec.sandbox_id
-        net = await self._network.create(sid, allow_internet=spec.allow_internet, egress=spec.egress)
+        with phases.phase("launch.network"):
+            net = await self._network.create(sid, allow_internet=spec.allow_internet, egress=spec.egress)
         undo.push_async_callback(undo_step, "network", self._network.destroy, net)
         binary = str(spec.runtime_binary) if spec.runtime_binary else None
         record = SandboxRecord(sid, self.kind, spec.resources, net, binary=binary, uid_range=uid_range)
@@ -245,9 +270,11 @@ class OciBackendBase:
                 layers = [paths.empty_lower]
             # The undo goes first: a cancellation while the worker thread mounts must still unmount.
             undo.push_async_callback(undo_step, "overlay", self._unmount, paths.rootfs)
-            await asyncio.to_thread(self._mount_rootfs, layers, paths, uid_range)
+            with phases.phase("launch.mount"):
+                await asyncio.to_thread(self._mount_rootfs, layers, paths, uid_range)
         await asyncio.to_thread(self._write_bundle, spec, paths, record)
-        return await self._run(paths, record, undo, restore=restore)
+        with phases.phase("launch.run"):
+            return await self._run(paths, record, undo, restore=restore)
 
     async def _run(self, paths: SandboxPaths, record: SandboxRecord, undo: contextlib.AsyncExitStack,
                    *, restore: Path | None) -> SandboxHandle:

@@ -42,7 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from warren import treecopy
+from warren import phases, treecopy
 from warren.errors import (
     InvalidRequestError,
     InvalidStateError,
@@ -62,7 +62,6 @@ from warren.runtime.base import (
 )
 from warren.runtime.net.netns import delete_netns
 from warren.runtime.oci.backend import OciBackendBase
-from warren.runtime.oci.cli import CLI_TIMEOUT
 from warren.runtime.oci.command import run_command
 from warren.runtime.oci.layout import SandboxPaths, SandboxRecord, validate_sandbox_id
 from warren.runtime.oci.snapshots import (
@@ -273,7 +272,8 @@ class OciRuntime(OciBackendBase):
             if record.paused is not None:
                 raise InvalidStateError(f"sandbox {sandbox_id} is already paused")
             if self._freezes(mode):
-                await run_command(self._cli_of(sandbox_id).argv("pause", sandbox_id), timeout=CLI_TIMEOUT)
+                with phases.phase("runtime.freeze"):
+                    await self._freeze(sandbox_id)
             elif mode is PauseMode.MEMORY:
                 await asyncio.to_thread(remove_tree, paths.checkpoint)
                 try:
@@ -292,7 +292,8 @@ class OciRuntime(OciBackendBase):
             else:
                 await self._release(record, paths, paused=mode)
                 return
-            await self._save(paths, replace(record, paused=mode))
+            with phases.phase("runtime.save"):
+                await self._save(paths, replace(record, paused=mode))
 
     async def resume(self, spec: SandboxSpec, mode: PauseMode) -> SandboxHandle:
         """Undo :meth:`pause`. After a checkpoint or a FILESYSTEM pause the sandbox gets a fresh netns,
@@ -300,7 +301,8 @@ class OciRuntime(OciBackendBase):
         sid = spec.sandbox_id
         paths = self.sandbox_paths(sid)
         async with self._lock(sid), as_runtime_failure(f"resuming sandbox {sid}"):
-            record = await self._settle(sid)
+            with phases.phase("runtime.settle"):
+                record = await self._settle(sid)
             if record is None:
                 raise NotFoundError(f"no sandbox {sid} on this node")
             if record.paused is None:
@@ -311,13 +313,16 @@ class OciRuntime(OciBackendBase):
                 net = record.network
                 if net.egress != spec.egress:
                     net = await self._network.set_egress(net, spec.egress)
-                await run_command(self._cli_of(sid).argv("resume", sid), timeout=CLI_TIMEOUT)
-                await self._save(paths, replace(record, paused=None, network=net))
+                with phases.phase("runtime.thaw"):
+                    await self._thaw(sid)
+                with phases.phase("runtime.save"):
+                    await self._save(paths, replace(record, paused=None, network=net))
                 return SandboxHandle(sid, self.kind, record.network.guest_ip, AGENT_PORT, read_pid(paths.pid_file))
             restore = paths.checkpoint if record.paused is PauseMode.MEMORY else None
             async with contextlib.AsyncExitStack() as undo:
                 undo.push_async_callback(undo_step, "record", self._save, paths, record)
-                handle = await self._launch(spec, paths, undo, restore=restore, uid_range=record.uid_range)
+                with phases.phase("runtime.launch"):
+                    handle = await self._launch(spec, paths, undo, restore=restore, uid_range=record.uid_range)
                 undo.pop_all()
             if restore is not None:
                 await asyncio.to_thread(remove_tree, restore)
@@ -427,11 +432,11 @@ class OciRuntime(OciBackendBase):
             raise InvalidStateError(f"sandbox {sid} is not running")
         if self.kind is RuntimeKind.GVISOR:
             return True, await self._checkpoint_copy_restore(record, paths, dest)
-        await run_command(self._cli_of(sid).argv("pause", sid), timeout=CLI_TIMEOUT)
+        await self._freeze(sid)
         try:
             await copy_tree(paths.upper, dest / UPPER, owner=to_neutral(record.uid_range))
         finally:
-            await run_command(self._cli_of(sid).argv("resume", sid), timeout=CLI_TIMEOUT)
+            await self._thaw(sid)
         return False, self._handle(record, paths)
 
     async def _checkpoint_copy_restore(self, record: SandboxRecord, paths: SandboxPaths, dest: Path) -> SandboxHandle:

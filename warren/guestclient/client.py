@@ -13,12 +13,10 @@ next checkpoint (guest-agent-notes B3).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import socket
 import struct
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -27,11 +25,10 @@ from typing import Any, Self
 import httpx
 
 from warren.errors import RuntimeFailure
+from warren.guestclient.wire import RESET_ON_CLOSE, init_agent, wait_healthy
 
 STREAM_CONTENT_TYPE = "application/connect+json"
 _END_STREAM = 0x02
-_RESET_ON_CLOSE = struct.pack("ii", 1, 0)
-_HEALTH_POLL_S = 0.01
 MAX_CAPTURE = 64 << 10
 """Bytes of stdout/stderr a ``run`` keeps for its result (all of it still goes to ``on_output``)."""
 
@@ -108,9 +105,10 @@ def process_message(
 class AgentClient:
     def __init__(self, address: str, port: int, *, access_token: str | None = None, timeout_s: float = 30.0) -> None:
         self.base = f"http://{address}:{port}"
+        self._address, self._port = address, port
         self._token = access_token
         transport = httpx.AsyncHTTPTransport(
-            socket_options=[(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)], retries=0
+            socket_options=[(socket.SOL_SOCKET, socket.SO_LINGER, RESET_ON_CLOSE)], retries=0
         )
         self._http = httpx.AsyncClient(base_url=self.base, transport=transport, timeout=timeout_s)
 
@@ -137,17 +135,7 @@ class AgentClient:
 
     async def wait_healthy(self, deadline: float) -> None:
         """Poll ``GET /health`` until 2xx; ``deadline`` is ``time.monotonic()`` based."""
-        last: Exception | str | None = None
-        while time.monotonic() < deadline:
-            try:
-                r = await self._http.get("/health", timeout=max(0.05, min(1.0, deadline - time.monotonic())))
-                if r.is_success:
-                    return
-                last = f"status {r.status_code}"
-            except httpx.HTTPError as exc:
-                last = exc
-            await asyncio.sleep(_HEALTH_POLL_S)
-        raise RuntimeFailure(f"the guest agent at {self.base} did not answer in time ({last})")
+        await wait_healthy(self._address, self._port, deadline)
 
     async def init(
         self,
@@ -157,16 +145,10 @@ class AgentClient:
         default_user: str | None = None,
         default_workdir: str | None = None,
     ) -> None:
-        body: dict[str, Any] = {"envVars": dict(env_vars or {})}
-        if access_token:
-            body["accessToken"] = access_token
-        if default_user:
-            body["defaultUser"] = default_user
-        if default_workdir:
-            body["defaultWorkdir"] = default_workdir
-        r = await self._post("/init", json=body, headers=self._headers(None))
-        if not r.is_success:
-            raise AgentError(f"/init failed: {r.status_code} {r.text[:200]}")
+        """``POST /init``; later calls carry ``access_token``."""
+        await init_agent(self._address, self._port, env_vars=env_vars or {}, access_token=access_token,
+                         default_user=default_user, default_workdir=default_workdir,
+                         previous_token=self._token)  # fmt: skip
         if access_token:
             self._token = access_token
 
