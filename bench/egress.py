@@ -17,6 +17,7 @@ HTTPS baseline (no policy) for ``https_proxied`` (SNI checked, TLS passed throug
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ rps = 2 * n / (time.perf_counter() - t)
 bulk = one(big)
 print(json.dumps({"lat": lat, "rps": rps, "bulk_s": bulk}))
 '''
+TABLE = "warren_bench_egress"
 BULK = 64 << 20
 COMPARED = (("proxied", "direct"), ("http_rule", "direct"), ("https_proxied", "https_direct"),
             ("https_rule", "https_direct"))
@@ -80,7 +82,7 @@ def run_egress(work: Path, runsc: Path | None, rootfs: Path, scale: float) -> di
     out: dict[str, Any] = {"requests": n, "bulk_bytes": BULK}
     with internet(work / "world") as world:
         env = {**POOL_OFF, "WARREN_DNS_SERVERS": DNS_IP, "WARREN_EGRESS_UPSTREAM_CA": str(world.ca_file),
-               "WARREN_NETWORK_TABLE": "warren_bench_egress", "WARREN_NETWORK_PREFIX": "b",
+               "WARREN_NETWORK_TABLE": TABLE, "WARREN_NETWORK_PREFIX": "b",
                "WARREN_NETWORK_CIDR": "10.75.0.0/16"}
         with bench_node(work / "state", runsc, env) as node:
             sdk_env(node)
@@ -103,4 +105,5 @@ def run_egress(work: Path, runsc: Path | None, rootfs: Path, scale: float) -> di
                         res[f"{mode}_vs_{base_mode}_p50_ratio"] = round(
                             res[mode]["latency"]["p50_ms"] / res[base_mode]["latency"]["p50_ms"], 2)
                 out[runtime] = res
+    subprocess.run(["nft", "delete", "table", "inet", TABLE], check=False)  # the node leaves it for its sandboxes
     return out
