@@ -20,6 +20,8 @@ a section that fails records ``{"error": ...}`` and the others still run:
   clients, the pool's refill rate alone, and the claim rate alone (pool cannot refill).
 * ``egress`` (bench/egress.py): HTTP(S) request latency, requests/s and bulk MB/s from a sandbox, direct vs
   through the egress proxy (name check, HTTP header rule, HTTPS interception), runc and gVisor.
+* ``domain`` (bench/domain.py): ``commands.run`` in domain mode (HTTPS, host routing, no
+  ``E2B_SANDBOX_URL``) vs header mode, on two nodes, interleaved.
 
 ``leftovers`` lists anything the benchmark's nodes left on the host (it should be empty). Numbers
 are wall-clock on a possibly shared host: ``machine.loadavg_*`` says how busy it was.
@@ -55,7 +57,7 @@ TARGETS = {
     "disk_create_to_first_command_on_vs_off_p50_ratio": "<= 1.1",
     "warm_pool_creates_per_s": ">= 30",
 }
-SECTIONS = ("sandboxes", "templates", "lifecycle", "node", "hardening", "disk", "throughput", "egress")
+SECTIONS = ("sandboxes", "templates", "lifecycle", "node", "hardening", "disk", "throughput", "egress", "domain")
 
 
 def _machine() -> dict[str, Any]:
@@ -184,6 +186,10 @@ def main() -> None:
             from bench.egress import run_egress
 
             results["egress"] = section(lambda: run_egress(work / "egress", runsc, rootfs, scale))
+        if "domain" in only:
+            from bench.domain import run_domain
+
+            results["domain"] = section(lambda: run_domain(work / "domain", runsc, scale))
         cleanup_bare_cgroups()
         report["leftovers"] = leftovers(work, baseline)
         if report["leftovers"]:

@@ -22,6 +22,12 @@ class Settings:
     cache_dir: Path = DEFAULT_CACHE_DIR
     runsc_path: Path | None = None
     domain: str | None = None
+    """Domain mode: sandboxes at ``https://<port>-<id>.<domain>`` (``:port`` included when not 443), so
+    the E2B SDK needs only ``E2B_API_URL`` and ``E2B_DOMAIN``. None: header mode (``E2B_SANDBOX_URL``)."""
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    """The operator's certificate (for ``<domain>`` and ``*.<domain>``) and key; with a domain and none
+    given, the node makes a CA and a certificate in ``<state_dir>/tls`` (``warren.node_tls``)."""
     api_key: str | None = None
     """Overrides the key generated into the state dir (``WARREN_API_KEY``)."""
     default_timeout_s: int = 300
@@ -128,6 +134,9 @@ _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
     "WARREN_API_KEY": ("api_key", str),
     "WARREN_CACHE_DIR": ("cache_dir", Path),
     "WARREN_RUNSC": ("runsc_path", Path),
+    "WARREN_DOMAIN": ("domain", str),
+    "WARREN_TLS_CERT": ("tls_cert", Path),
+    "WARREN_TLS_KEY": ("tls_key", Path),
     "WARREN_RUNTIMES": ("runtimes_file", Path),
     "WARREN_WARM_POOL": ("warm_pool_size", int),
     "WARREN_LOCK_BUDGET_S": ("lock_budget_s", float),

@@ -76,6 +76,7 @@ def create_app(services: Services, *, max_keepalive: int = 512) -> tuple[ASGIApp
         services.manager.route,
         services.settings.domain,
         wake=services.manager.wake,
+        traffic_token=services.manager.traffic_token,
         ended=services.manager.ended,
         max_keepalive=max_keepalive,
     )

@@ -22,6 +22,14 @@ from .network import egress_body, parse_egress
 ENVD_VERSION = "0.6.4"
 """The envd version the guest agent implements; the SDK unlocks features up to it."""
 CLIENT_ID = "warren"
+NO_DOMAIN = "no-domain.set-e2b-sandbox-url.invalid"
+"""The ``domain`` answered by a node without ``--domain`` (header mode). Null would send the SDK to its
+default, E2B's own cloud; a name under ``.invalid`` (RFC 2606: never resolves) fails at once, naming
+what to do. ``E2B_SANDBOX_URL`` takes precedence over it in the SDK, so header mode works as before."""
+
+
+def answered_domain(domain: str | None) -> str:
+    return domain if domain is not None else NO_DOMAIN
 
 
 def parse_json_object(raw: bytes, *, allow_empty: bool = True) -> dict[str, Any]:
@@ -84,6 +92,7 @@ def parse_create(body: dict[str, Any]) -> CreateRequest:
         # per-sandbox egress rules enforce the deny-all and the allowed entries beat it.
         allow_internet=allow is not False or bool(egress.allow_out),
         egress=egress,
+        public_traffic=network is None or network.allow_public_traffic is not False,
         runtime=runtime,
         requested=Requested(allow_internet_access=allow, network=network),
     )
@@ -93,9 +102,10 @@ _NETWORK_UNSUPPORTED = ("maskRequestHost", "httpsPorts")
 
 
 def parse_network(value: object) -> NetworkConfig | None:
-    """E2B's ``network`` object as the create sent it (``get_info`` shows it): ``allowPublicTraffic`` (true:
-    warren has no traffic tokens), ``allowOut`` and ``denyOut``. The egress policy itself (those lists,
-    ``rules``, ``dnsServers``, ``egressProxy``) is parsed and validated by ``network.parse_egress``.
+    """E2B's ``network`` object as the create sent it (``get_info`` shows it): ``allowPublicTraffic`` (false:
+    private traffic, a traffic token per sandbox), ``allowOut`` and ``denyOut``. The egress policy itself
+    (those lists, ``rules``, ``dnsServers``, ``egressProxy``) is parsed and validated by
+    ``network.parse_egress``.
     Anything warren would not enforce is a 400 naming it, never silently ignored."""
     if value is None:
         return None
@@ -107,8 +117,6 @@ def parse_network(value: object) -> NetworkConfig | None:
     public = value.get("allowPublicTraffic")
     if public is not None and not isinstance(public, bool):
         raise InvalidRequestError("network.allowPublicTraffic must be a boolean")
-    if public is False:
-        raise InvalidRequestError("network.allowPublicTraffic=false is not supported by warren (no traffic tokens)")
     return NetworkConfig(allow_public_traffic=public, allow_out=_str_list(value, "allowOut"),
                          deny_out=_str_list(value, "denyOut"))
 
@@ -200,8 +208,8 @@ def sandbox_body(rec: SandboxRecord, domain: str | None) -> dict[str, Any]:
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": rec.access_token,
-        "trafficAccessToken": None,
-        "domain": domain,
+        "trafficAccessToken": rec.ingress.traffic_token,
+        "domain": answered_domain(domain),
     }
 
 
@@ -230,7 +238,7 @@ def detail_body(rec: SandboxRecord, domain: str | None) -> dict[str, Any]:
         **listed_body(rec),
         "envdAccessToken": rec.access_token,
         "allowInternetAccess": rec.requested.allow_internet_access,
-        "domain": domain,
+        "domain": answered_domain(domain),
         "lifecycle": {
             "autoResume": rec.policy.auto_resume,
             "onTimeout": rec.policy.on_timeout.value,

@@ -19,7 +19,15 @@ from ..ids import new_sandbox_id
 from ..runtime.base import Resources, RuntimeKind, SandboxSpec
 from ..runtime.registry import StagedRuntime
 from ..snapshots import SnapshotRepository
-from ..store import EgressPolicy, LifecyclePolicy, Requested, RuntimeBinding, SandboxRecord, TemplateRepo
+from ..store import (
+    EgressPolicy,
+    IngressPolicy,
+    LifecyclePolicy,
+    Requested,
+    RuntimeBinding,
+    SandboxRecord,
+    TemplateRepo,
+)
 from .agent import DEFAULT_USER, init_agent, init_sandbox, wait_healthy
 from .capacity import Capacity
 from .egress import install_egress_ca
@@ -56,10 +64,16 @@ class Launch:
     env_vars: Mapping[str, str] = field(default_factory=dict)
     secure: bool = True
     allow_internet: bool = True
+    public_traffic: bool = True
     policy: LifecyclePolicy = field(default_factory=LifecyclePolicy)
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     use_pool: bool = True
     requested: Requested = field(default_factory=Requested)
+
+
+def _ingress(public: bool) -> IngressPolicy:
+    """A private sandbox gets its own traffic token (E2B makes one per sandbox id: forks get new ones)."""
+    return IngressPolicy() if public else IngressPolicy(public=False, traffic_token=secrets.token_urlsafe(24))
 
 
 class Launcher:
@@ -97,6 +111,7 @@ class Launcher:
                 env_vars={**origin.env_vars, **req.env_vars},
                 secure=req.secure,
                 allow_internet=req.allow_internet,
+                public_traffic=req.public_traffic,
                 policy=req.lifecycle or LifecyclePolicy(),
                 egress=req.egress,
                 requested=req.requested,
@@ -177,6 +192,7 @@ class Launcher:
             binding=RuntimeBinding(runtime_hash=staged.runtime_hash if staged else None),
             origin=origin.snapshot_id,
             requested=launch.requested,
+            ingress=_ingress(launch.public_traffic),
         )
 
     async def _claim(self, launch: Launch, pooled: Pooled) -> SandboxRecord:

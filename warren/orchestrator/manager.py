@@ -166,6 +166,13 @@ class SandboxManager:
     def route(self, sandbox_id: str) -> tuple[str, SandboxState] | None:
         return self._parts.table.route(sandbox_id)
 
+    def traffic_token(self, sandbox_id: str) -> str | None:
+        """The token traffic to a private sandbox's ports must carry; None: public, or unknown here."""
+        sandbox = self._parts.table.lookup(sandbox_id)
+        if sandbox is None or sandbox.record.ingress.public:
+            return None
+        return sandbox.record.ingress.traffic_token
+
     def list(self, query: ListQuery) -> tuple[builtins.list[SandboxRecord], str | None]:
         return self._parts.table.list(query)
 

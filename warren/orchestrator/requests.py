@@ -21,6 +21,8 @@ class CreateRequest:
     env_vars: dict[str, str] = field(default_factory=dict)
     secure: bool = True
     allow_internet: bool = True
+    public_traffic: bool = True
+    """False (``network.allowPublicTraffic: false``): ports but envd's need the sandbox's traffic token."""
     runtime: str | None = None
     """warren extension: ``runc`` or ``gvisor``; defaults to the template's runtime."""
     lifecycle: Lifecycle | None = None

@@ -156,6 +156,7 @@ class Snapshotter:
                 env_vars=source.env_vars,
                 secure=source.access_token is not None,
                 allow_internet=source.allow_internet,
+                public_traffic=source.ingress.public,
                 policy=source.policy,
                 egress=source.egress,
                 requested=source.requested,

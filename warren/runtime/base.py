@@ -90,6 +90,10 @@ class SandboxSpec:
 
     A backend records it with the sandbox and uses it for every later command on that sandbox
     (stop, pause, checkpoint, restore), so a sandbox keeps the exact runtime it was made with."""
+    tmp_tmpfs: bool = False
+    """A tmpfs at ``/tmp`` (in memory, mode 1777) instead of the rootfs's directory on the sandbox's disk,
+    which is E2B's default and what builds, snapshots, forks and filesystem pauses keep. No template sets
+    it yet."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from .records import (
     EgressPolicy,
     HostRule,
     ImageConfig,
+    IngressPolicy,
     LifecyclePolicy,
     NetworkConfig,
     OnTimeout,
@@ -66,6 +67,14 @@ def binding_of(raw: dict[str, Any]) -> RuntimeBinding:
         init_pid=int(pid) if pid is not None else None,
         pause_mode=PauseMode(mode) if mode is not None else None,
     )
+
+
+def ingress_to_json(ingress: IngressPolicy) -> str:
+    return _dump({"public": ingress.public, "traffic_token": ingress.traffic_token})
+
+
+def ingress_of(raw: dict[str, Any]) -> IngressPolicy:
+    return IngressPolicy(public=bool(raw.get("public", True)), traffic_token=_opt_str(raw.get("traffic_token")))
 
 
 def requested_to_json(req: Requested) -> str:

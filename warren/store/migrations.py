@@ -4,7 +4,8 @@
     1 -> 2   ``sandboxes.extra`` (one JSON dict of 11 string keys) split into the typed JSON columns
              ``image``, ``policy``, ``binding`` and ``origin``; ``extra`` is dropped
     2 -> 3   ``sandboxes.requested``: what the create asked for (``{}`` for older sandboxes: not set)
-    3 -> 4   ``sandboxes.egress``: the sandbox's outbound policy (JSON, ``{}`` = open, what older rows get)
+    3 -> 4   ``sandboxes.ingress`` (JSON ``IngressPolicy``: private traffic and its token), ``{}`` (public)
+    4 -> 5   ``sandboxes.egress``: the sandbox's outbound policy (JSON, ``{}`` = open, what older rows get)
 
 Every upgrade runs in one transaction with the version bump: a crash leaves the old schema whole.
 """
@@ -16,7 +17,7 @@ from collections.abc import Callable
 
 from . import codec
 
-VERSION = 4
+VERSION = 5
 
 _TABLES = (
     """
@@ -41,6 +42,7 @@ _TABLES = (
         binding TEXT NOT NULL DEFAULT '{}',
         origin TEXT,
         requested TEXT NOT NULL DEFAULT '{}',
+        ingress TEXT NOT NULL DEFAULT '{}',
         egress TEXT NOT NULL DEFAULT '{}'
     )
     """,
@@ -105,11 +107,16 @@ def _to_3(conn: sqlite3.Connection) -> None:
 
 
 def _to_4(conn: sqlite3.Connection) -> None:
+    if "ingress" not in _columns(conn, "sandboxes"):
+        conn.execute("ALTER TABLE sandboxes ADD COLUMN ingress TEXT NOT NULL DEFAULT '{}'")
+
+
+def _to_5(conn: sqlite3.Connection) -> None:
     if "egress" not in _columns(conn, "sandboxes"):
         conn.execute("ALTER TABLE sandboxes ADD COLUMN egress TEXT NOT NULL DEFAULT '{}'")
 
 
-_UPGRADES: dict[int, Callable[[sqlite3.Connection], None]] = {1: _to_1, 2: _to_2, 3: _to_3, 4: _to_4}
+_UPGRADES: dict[int, Callable[[sqlite3.Connection], None]] = {1: _to_1, 2: _to_2, 3: _to_3, 4: _to_4, 5: _to_5}
 """Target version -> the step that reaches it from the one before."""
 
 

@@ -1,12 +1,13 @@
 """Frozen records the store returns. They carry data only; behaviour lives in the orchestrator.
 
-A sandbox record is flat columns plus six typed sub-records, each stored as one JSON column:
+A sandbox record is flat columns plus seven typed sub-records, each stored as one JSON column:
 
     image     ImageConfig      layers, env, workdir, user: what resume and snapshot need of its template
     policy    LifecyclePolicy  what a timeout does, whether traffic wakes it, how a timeout pauses
     binding   RuntimeBinding   the runtime hash it runs on, its init pid, how it was last paused
     origin    str | None       the snapshot it was restored from (``from_snapshot``), if any
     requested Requested        what the create asked for (internet access, network), as asked
+    ingress   IngressPolicy    who may reach its ports (E2B's ``allowPublicTraffic`` and traffic token)
     egress    EgressPolicy     where it may connect out (``network.allowOut``/``denyOut``/``rules``)
 """
 
@@ -84,6 +85,16 @@ class Requested:
 
 
 @dataclass(frozen=True)
+class IngressPolicy:
+    """Who may reach the sandbox's ports other than envd's through the proxy (E2B's private traffic)."""
+
+    public: bool = True
+    """False: every request to a port but envd's must carry ``traffic_token`` (``e2b-traffic-access-token``)."""
+    traffic_token: str | None = None
+    """The token a private sandbox's create and connect answers carry; None for a public one."""
+
+
+@dataclass(frozen=True)
 class HostRule:
     """Headers the egress proxy sets on every HTTP(S) request to ``host`` (an exact name or ``*.suffix``)."""
 
@@ -148,6 +159,7 @@ class SandboxRecord:
     origin: str | None = None
     """The snapshot this sandbox was restored from, if any."""
     requested: Requested = field(default_factory=Requested)
+    ingress: IngressPolicy = field(default_factory=IngressPolicy)
     egress: EgressPolicy = field(default_factory=EgressPolicy)
 
 

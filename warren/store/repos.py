@@ -37,6 +37,7 @@ def _sandbox(row: sqlite3.Row) -> SandboxRecord:
         binding=codec.binding_of(codec.load(row["binding"])),
         origin=row["origin"],
         requested=codec.requested_of(codec.load(row["requested"])),
+        ingress=codec.ingress_of(codec.load(row["ingress"])),
         egress=codec.egress_of(codec.load(row["egress"])),
     )
 
@@ -51,6 +52,7 @@ def _sandbox_params(rec: SandboxRecord) -> list[object]:
         "policy": codec.policy_to_json(rec.policy),
         "binding": codec.binding_to_json(rec.binding),
         "requested": codec.requested_to_json(rec.requested),
+        "ingress": codec.ingress_to_json(rec.ingress),
         "egress": codec.egress_to_json(rec.egress),
     }
     return [columns[c] for c in _SANDBOX_COLS]

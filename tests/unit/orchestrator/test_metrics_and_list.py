@@ -203,7 +203,9 @@ def test_create_keeps_what_it_asked_for() -> None:
     ip = parse_create({"templateID": "base", "network": {"allowOut": ["1.1.1.1"], "denyOut": ["10.0.0.0/8"]}})
     assert ip.requested.network == NetworkConfig(allow_out=("1.1.1.1",), deny_out=("10.0.0.0/8",))
     assert ip.egress.allow_out == ("1.1.1.1/32",) and ip.egress.deny_out == ("10.0.0.0/8",)
-    for network in ({"denyOut": ["example.com"]}, {"allowPublicTraffic": False}, {"allowOut": ["*"]},
+    private = parse_create({"templateID": "base", "network": {"allowPublicTraffic": False}})
+    assert private.public_traffic is False and private.requested.network == NetworkConfig(allow_public_traffic=False)
+    for network in ({"denyOut": ["example.com"]}, {"allowPublicTraffic": "no"}, {"allowOut": ["*"]},
                     {"maskRequestHost": "x"}, {"rules": {"*": [{}]}}, "all", {"denyOut": "0.0.0.0/0"}):  # fmt: skip
         with pytest.raises(InvalidRequestError):
             parse_create({"templateID": "base", "network": network})

@@ -25,6 +25,7 @@ from warren.store import (
     EgressPolicy,
     HostRule,
     ImageConfig,
+    IngressPolicy,
     LifecyclePolicy,
     OnTimeout,
     SandboxRepo,
@@ -87,6 +88,7 @@ async def test_old_records_read_as_typed_sub_records(tmp_path: Path) -> None:
     assert {r.binding.runtime_hash for r in records.values()} == {HASH}
     assert run.origin is not None and run.origin.startswith("s") and mem.origin is None
     assert mem.env_vars == {"A": "1"} and mem.state == "paused"
+    assert {r.ingress for r in records.values()} == {IngressPolicy()}  # older sandboxes are public
 
 
 async def test_migrated_schema_equals_a_new_one_and_reopens(tmp_path: Path) -> None:

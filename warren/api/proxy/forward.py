@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ...aio import race
 from ...errors import TooManyRequestsError, WarrenError
 from ...orchestrator.states import SandboxState
+from .ingress import Refusal, TokenLookup, refusal
 from .routing import Target, target_of
 from .upstream import (
     RESET_ON_CLOSE,
@@ -57,15 +58,21 @@ async def _send_json(send: Send, status: int, message: str, sandbox_id: str | No
     fields: dict[str, object] = {"code": status, "message": message}
     if sandbox_id is not None:
         fields["sandboxId"] = sandbox_id
-    body = json.dumps(fields).encode()
+    await _send_body(send, status, fields)
+
+
+async def _send_body(send: Send, status: int, payload: dict[str, object], *, websocket: bool = False) -> None:
+    """A JSON answer; for a WebSocket handshake, as an HTTP response (ASGI's ``websocket.http.response``)."""
+    body = json.dumps(payload).encode()
+    kind = "websocket.http.response" if websocket else "http.response"
     await send(
         {
-            "type": "http.response.start",
+            "type": f"{kind}.start",
             "status": status,
             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
         }
     )
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": f"{kind}.body", "body": body})
 
 
 _NOT_ORIGIN_FORM = "the request target must be a path starting with '/'"
@@ -119,12 +126,14 @@ class SandboxProxy:
         domain: str | None,
         *,
         wake: Waker | None = None,
+        traffic_token: TokenLookup | None = None,
         ended: Ended | None = None,
         max_keepalive: int = 512,
     ) -> None:
         self._app = app
         self._resolve = resolve
         self._wake = wake
+        self._traffic_token = traffic_token
         self._ended = ended
         self._domain = domain
         self._max_keepalive = max_keepalive
@@ -189,6 +198,15 @@ class SandboxProxy:
                 return
         await self._app(scope, receive, send)
 
+    def _refused(self, target: Target, scope: Scope) -> Refusal | None:
+        """Private traffic without the sandbox's token (checked before anything could resume it)."""
+        required = self._traffic_token(target.sandbox_id) if self._traffic_token is not None else None
+        if required is None:
+            return None
+        route = self._resolve(target.sandbox_id)
+        paused = route is not None and route[1] is not SandboxState.RUNNING
+        return refusal(target, scope["headers"], required, paused=paused)
+
     async def _upstream(self, target: Target) -> str | None:
         """The sandbox's address, resuming it first if it is paused and auto-resumes.
 
@@ -215,6 +233,9 @@ class SandboxProxy:
         return None
 
     async def _http(self, target: Target, scope: Scope, receive: Receive, send: Send) -> None:
+        if (refused := self._refused(target, scope)) is not None:
+            await _send_body(send, refused.status, refused.body())
+            return
         try:
             address = await self._upstream(target)
         except _Paused:
@@ -271,6 +292,13 @@ class SandboxProxy:
                 pool.release(conn, host, port)
 
     async def _websocket(self, target: Target, scope: Scope, receive: Receive, send: Send) -> None:
+        if (refused := self._refused(target, scope)) is not None:
+            await receive()  # websocket.connect
+            if "websocket.http.response" in (scope.get("extensions") or {}):
+                await _send_body(send, refused.status, refused.body(), websocket=True)
+            else:
+                await send({"type": "websocket.close", "code": 1008, "reason": refused.message[:120]})
+            return
         try:
             address = await self._upstream(target)
         except (_Paused, TooManyRequestsError):

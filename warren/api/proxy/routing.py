@@ -35,6 +35,15 @@ def target_of(headers: list[tuple[bytes, bytes]], domain: str | None) -> Target 
     host = _header(headers, b"host")
     if host:
         match = _HOST_RE.match(host.strip().lower())
-        if match and (domain is None or match["domain"] == domain.lower()):
+        if match and (domain is None or _same_domain(match["domain"], domain.lower())):
             return Target(match["id"], int(match["port"]))
     return None
+
+
+def _same_domain(given: str, domain: str) -> bool:
+    """``given`` (from Host) names ``domain``: equal, or equal once the port one of them leaves out is
+    dropped (a client on 443 sends no port; a node given ``D:8443`` is also reached as ``D`` behind a
+    reverse proxy)."""
+    if given == domain:
+        return True
+    return given.rpartition(":")[0] == domain or domain.rpartition(":")[0] == given

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import weakref
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +28,7 @@ from warren.runtime.freezer import freezer_of
 from warren.runtime.net.manager import NetworkManager
 from warren.runtime.oci.cli import CLI_TIMEOUT, RuntimeCli
 from warren.runtime.oci.command import run_command
+from warren.runtime.oci.guestfiles import ensure_rootfs_tmp, write_boot_id
 from warren.runtime.oci.layout import SandboxPaths, SandboxRecord, validate_sandbox_id, write_etc_files
 from warren.runtime.oci.releases import PendingReleases, ReleaseStatistics
 from warren.runtime.oci.snapshots import copy_tree
@@ -88,6 +90,9 @@ class OciBackendBase:
         self._userns_reason = "" if self._uid_ranges is not None else "not asked for"
         self.disks = disks if disks is not None else SandboxDisks(self.state_dir)
         """Per-sandbox disk size (``sandboxes/<id>/disk``, see :mod:`warren.runtime.disk`); may be shared."""
+        mount = shutil.which("mount") if kind is RuntimeKind.RUNC else None
+        self._mount_binary = Path(mount) if mount else None
+        """runc binds each sandbox's boot id with mount(8) as a hook; None: runsc's spec mount does it."""
         self._releases = PendingReleases()
         """Releases of checkpointed sandboxes still running after their pause answered (see :meth:`_settle`)."""
 
@@ -272,7 +277,8 @@ class OciBackendBase:
             undo.push_async_callback(undo_step, "overlay", self._unmount, paths.rootfs)
             with phases.phase("launch.mount"):
                 await asyncio.to_thread(self._mount_rootfs, layers, paths, uid_range)
-        await asyncio.to_thread(self._write_bundle, spec, paths, record)
+        # A memory image continues the same boot; anything else boots afresh (a new boot id).
+        await asyncio.to_thread(self._write_bundle, spec, paths, record, restore is None)
         with phases.phase("launch.run"):
             return await self._run(paths, record, undo, restore=restore)
 
@@ -319,12 +325,16 @@ class OciBackendBase:
         return {"mode": "per-sandbox", "range_size": 65536, "base": self._uid_ranges.base,
                 "in_use": self._uid_ranges.in_use()}
 
-    def _write_bundle(self, spec: SandboxSpec, paths: SandboxPaths, record: SandboxRecord) -> None:
-        """``/etc`` files and ``config.json`` (blocking file work: run it in a worker thread)."""
-        config = build_config(self._config_inputs(spec, paths, record))
+    def _write_bundle(self, spec: SandboxSpec, paths: SandboxPaths, record: SandboxRecord, new_boot: bool) -> None:
+        """``/etc`` files, the boot id, the rootfs's ``/tmp`` and ``config.json`` (blocking file work: run it
+        in a worker thread, while nothing runs in the sandbox)."""
+        write_boot_id(paths.boot_id, record.uid_range, fresh=new_boot)
+        tmp = ensure_rootfs_tmp(paths.rootfs, record.uid_range)
+        config = build_config(self._config_inputs(spec, paths, record, tmp))
         (paths.bundle / "config.json").write_text(json.dumps(config, indent=1))
 
-    def _config_inputs(self, spec: SandboxSpec, paths: SandboxPaths, record: SandboxRecord) -> ConfigInputs:
+    def _config_inputs(self, spec: SandboxSpec, paths: SandboxPaths, record: SandboxRecord,
+                       rootfs_tmp: Path | None) -> ConfigInputs:
         assert record.network is not None
         resources = spec.resources
         if self.kind is RuntimeKind.GVISOR:
@@ -346,6 +356,10 @@ class OciBackendBase:
             oom_score_adj=SANDBOX_OOM_SCORE_ADJ if self.hardened else self._oom_score_adj,
             hardened=self.hardened,
             uid_range=record.uid_range,
+            tmp_dir=rootfs_tmp if self.kind is RuntimeKind.GVISOR else None,
+            tmp_tmpfs=spec.tmp_tmpfs,
+            boot_id=paths.boot_id if self.kind is RuntimeKind.GVISOR or self._mount_binary else None,
+            mount_binary=self._mount_binary,
         )
 
     async def _release(self, record: SandboxRecord, paths: SandboxPaths, *, paused: PauseMode | None = None) -> None:
