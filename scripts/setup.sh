@@ -35,8 +35,9 @@ want_stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 REQUIRED=(runc debootstrap busybox-static nftables iptables patchelf iproute2 procps psmisc socat e2fsprogs curl dash
           python3 python3-venv ca-certificates)
 # Installed when the host's release has them; features that need a missing one report it and their
-# tests skip (runsc: gVisor; redis-server: cluster; docker-registry, skopeo: image pulls).
-OPTIONAL=(runsc redis-server docker-registry skopeo)
+# tests skip (runsc: gVisor; redis-server: cluster; docker-registry, skopeo: image pulls; dnsmasq-base:
+# the egress tests' DNS).
+OPTIONAL=(runsc redis-server docker-registry skopeo dnsmasq-base)
 
 # No pipelines into `grep -q` here: under pipefail, grep exiting at its first match kills the
 # producer with SIGPIPE and the pipeline fails (141) exactly when the match was found. Capture, then test.

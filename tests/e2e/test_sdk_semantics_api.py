@@ -308,9 +308,9 @@ def test_info_has_what_the_create_asked_for(node: Node, template: str) -> None:
             detail = c.get(f"/sandboxes/{box.sandbox_id}").json()
             assert "domain" in detail and detail["allowInternetAccess"] is False
             assert detail["network"] == {"denyOut": ["0.0.0.0/0"], "allowPublicTraffic": True}
-            bad = {"templateID": template, "network": {"allowOut": ["example.com"]}}
+            bad = {"templateID": template, "network": {"denyOut": ["example.com"]}}
             r = c.post("/v2/sandboxes", json=bad)
-            assert r.status_code == 400 and "allowOut" in r.json()["message"]
+            assert r.status_code == 400 and "denyOut" in r.json()["message"]
     finally:
         box.kill()
         plain.kill()

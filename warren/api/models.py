@@ -16,6 +16,7 @@ from ..orchestrator.requests import CreateRequest, Lifecycle, ListQuery, Order
 from ..orchestrator.states import SandboxState, public_state
 from ..snapshots import SnapshotManifest
 from ..store import NetworkConfig, OnTimeout, PauseMode, Requested, SandboxRecord, TemplateRecord, build_id_of
+from .network import egress_body, parse_egress
 
 ENVD_VERSION = "0.6.4"
 """The envd version the guest agent implements; the SDK unlocks features up to it."""
@@ -75,10 +76,10 @@ def parse_create(body: dict[str, Any]) -> CreateRequest:
     if allow is not None and not isinstance(allow, bool):
         raise InvalidRequestError("allow_internet_access must be a boolean")
     network = parse_network(body.get("network"))
+    egress = parse_egress(body.get("network"), allow_internet=allow is not False)
     runtime = body.get("runtime")
     if runtime is not None and not isinstance(runtime, str):
         raise InvalidRequestError("runtime must be a string")
-    denies_all = network is not None and bool(network.deny_out)
     return CreateRequest(
         lifecycle=parse_lifecycle(body),
         template=template,
@@ -86,20 +87,24 @@ def parse_create(body: dict[str, Any]) -> CreateRequest:
         metadata=_str_map(body, "metadata"),
         env_vars=_str_map(body, "envVars"),
         secure=secure is not False,
-        allow_internet=allow is not False and not denies_all,
+        # allow_internet_access false alone: the veth's no_internet (all dropped); with allowOut entries the
+        # per-sandbox egress rules enforce the deny-all and the allowed entries beat it.
+        allow_internet=allow is not False or bool(egress.allow_out),
+        egress=egress,
         public_traffic=network is None or network.allow_public_traffic is not False,
         runtime=runtime,
         requested=Requested(allow_internet_access=allow, network=network),
     )
 
 
-_ALL_TRAFFIC = frozenset({"0.0.0.0/0", "::/0"})
-_NETWORK_UNSUPPORTED = ("egressProxy", "maskRequestHost", "rules", "dnsServers", "httpsPorts")
+_NETWORK_UNSUPPORTED = ("maskRequestHost", "httpsPorts")
 
 
 def parse_network(value: object) -> NetworkConfig | None:
-    """E2B's ``network`` object, the parts warren applies: ``allowPublicTraffic`` (false: private traffic,
-    a traffic token per sandbox) and ``denyOut`` of all traffic (the same as ``allow_internet_access: false``).
+    """E2B's ``network`` object as the create sent it (``get_info`` shows it): ``allowPublicTraffic`` (false:
+    private traffic, a traffic token per sandbox), ``allowOut`` and ``denyOut``. The egress policy itself
+    (those lists, ``rules``, ``dnsServers``, ``egressProxy``) is parsed and validated by
+    ``network.parse_egress``.
     Anything warren would not enforce is a 400 naming it, never silently ignored."""
     if value is None:
         return None
@@ -111,12 +116,8 @@ def parse_network(value: object) -> NetworkConfig | None:
     public = value.get("allowPublicTraffic")
     if public is not None and not isinstance(public, bool):
         raise InvalidRequestError("network.allowPublicTraffic must be a boolean")
-    allow_out, deny_out = _str_list(value, "allowOut"), _str_list(value, "denyOut")
-    if allow_out:
-        raise InvalidRequestError("network.allowOut is not supported by warren: egress is all or nothing")
-    if deny_out and not set(deny_out) <= _ALL_TRAFFIC:
-        raise InvalidRequestError("network.denyOut supports only all traffic (0.0.0.0/0) in warren")
-    return NetworkConfig(allow_public_traffic=public, allow_out=allow_out, deny_out=deny_out)
+    return NetworkConfig(allow_public_traffic=public, allow_out=_str_list(value, "allowOut"),
+                         deny_out=_str_list(value, "denyOut"))
 
 
 def _str_list(body: dict[str, Any], key: str) -> tuple[str, ...] | None:
@@ -243,8 +244,9 @@ def detail_body(rec: SandboxRecord, domain: str | None) -> dict[str, Any]:
         },
         "pauseMode": "filesystem" if rec.binding.pause_mode is PauseMode.FILESYSTEM else "full",
     }
-    if (network := rec.requested.network) is not None:
-        out["network"] = network_body(network)
+    network = {**(network_body(rec.requested.network) if rec.requested.network else {}), **egress_body(rec.egress)}
+    if rec.requested.network is not None or network:
+        out["network"] = network
     return out
 
 

@@ -22,6 +22,7 @@ from ..runtime.oci.layout import SandboxPaths
 from ..runtime.registry import StagedRuntime
 from ..snapshots import SnapshotRepository
 from ..store import (
+    EgressPolicy,
     IngressPolicy,
     LifecyclePolicy,
     Requested,
@@ -33,6 +34,7 @@ from ..store import (
 )
 from .agent import DEFAULT_USER, init_agent, init_sandbox, wait_healthy
 from .capacity import Capacity
+from .egress import install_egress_ca
 from .origin import Origin
 from .pool import Pooled, WarmPool
 from .requests import CreateRequest, ttl_seconds
@@ -69,6 +71,7 @@ class Launch:
     allow_internet: bool = True
     public_traffic: bool = True
     policy: LifecyclePolicy = field(default_factory=LifecyclePolicy)
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
     use_pool: bool = True
     requested: Requested = field(default_factory=Requested)
 
@@ -118,6 +121,7 @@ class Launcher:
                 allow_internet=req.allow_internet,
                 public_traffic=req.public_traffic,
                 policy=req.lifecycle or LifecyclePolicy(),
+                egress=req.egress,
                 requested=req.requested,
             )
         )
@@ -188,7 +192,7 @@ class Launcher:
             if source is not None and kind.value != launch.origin.runtime:
                 raise InvalidRequestError(f"a {launch.origin.runtime} snapshot cannot start under {kind.value}")
             self._runtimes.available(kind)
-            usable = launch.use_pool and source is None and launch.allow_internet
+            usable = launch.use_pool and source is None and launch.allow_internet and launch.egress.is_open
             pooled = self.pool.claim(launch.origin, kind) if usable else None
             phases.qualify(f"{kind.value}-{'pool' if pooled else 'snapshot' if source else 'cold'}")
             if pooled is not None:
@@ -224,6 +228,7 @@ class Launcher:
             allow_internet=launch.allow_internet,
             image=origin.image(),
             policy=launch.policy,
+            egress=launch.egress,
             binding=RuntimeBinding(runtime_hash=staged.runtime_hash if staged else None),
             origin=origin.snapshot_id,
             requested=launch.requested,
@@ -289,6 +294,9 @@ class Launcher:
         await wait_healthy(handle.address, handle.agent_port, deadline)
         previous = pooled.access_token if pooled else origin.agent_token
         await init_sandbox(sandbox.record, handle.address, handle.agent_port, previous_token=previous)
+        if sandbox.record.egress.rules:
+            runtime = self._runtimes.of(sandbox.kind)
+            await install_egress_ca(handle.address, handle.agent_port, sandbox.record.access_token, runtime.egress_ca())
         # The start command's output is followed on runc only: a gVisor checkpoint (pause, snapshot,
         # the template's seal) panics in runsc while the node holds that stream open.
         followed = sandbox.kind is RuntimeKind.RUNC and bool(origin.start_cmd) and source is None

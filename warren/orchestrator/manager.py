@@ -27,8 +27,17 @@ from ..ids import new_sandbox_id
 from ..runtime.base import AGENT_PORT, Runtime, RuntimeKind
 from ..runtime.registry import RuntimeRegistry
 from ..snapshots import SnapshotManifest, SnapshotRepository
-from ..store import LifecyclePolicy, SandboxRecord, SandboxRepo, TemplateRecord, TemplateRepo
+from ..store import (
+    EgressPolicy,
+    LifecyclePolicy,
+    NetworkConfig,
+    SandboxRecord,
+    SandboxRepo,
+    TemplateRecord,
+    TemplateRepo,
+)
 from .capacity import Capacity
+from .egress import update_network
 from .faults import NO_FAULTS, Faults
 from .launcher import Launcher, template_snapshot_name
 from .metrics import MetricSample
@@ -221,6 +230,11 @@ class SandboxManager:
         record = await self._parts.launcher.create(req)
         self._parts.timers.changed()
         return record
+
+    async def update_network(self, sandbox_id: str, egress: EgressPolicy,
+                             asked: NetworkConfig | None = None) -> SandboxRecord:
+        """``PUT /sandboxes/{id}/network``: replace the sandbox's egress policy."""
+        return await update_network(self._parts.table, self._parts.runtimes, sandbox_id, egress, asked)
 
     async def kill(self, sandbox_id: str) -> None:
         await self._parts.transitions.kill(sandbox_id)

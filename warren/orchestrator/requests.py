@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..config import Settings
 from ..errors import InvalidRequestError
-from ..store import LifecyclePolicy, Requested
+from ..store import EgressPolicy, LifecyclePolicy, Requested
 
 Lifecycle = LifecyclePolicy
 """What a timeout does and whether traffic wakes a paused sandbox (kept on the record as its policy)."""
@@ -26,6 +26,8 @@ class CreateRequest:
     runtime: str | None = None
     """warren extension: ``runc`` or ``gvisor``; defaults to the template's runtime."""
     lifecycle: Lifecycle | None = None
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
+    """``network.allowOut``/``denyOut``/``rules``; an allowed entry beats a denied one."""
     requested: Requested = field(default_factory=Requested)
     """What the create asked for, as asked (shown by ``get_info``)."""
 

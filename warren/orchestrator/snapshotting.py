@@ -158,6 +158,7 @@ class Snapshotter:
                 allow_internet=source.allow_internet,
                 public_traffic=source.ingress.public,
                 policy=source.policy,
+                egress=source.egress,
                 requested=source.requested,
             )
 

@@ -4,6 +4,8 @@ from .codec import provenance_json
 from .db import Database
 from .records import (
     CacheEntry,
+    EgressPolicy,
+    HostRule,
     ImageConfig,
     IngressPolicy,
     LifecyclePolicy,
@@ -16,6 +18,7 @@ from .records import (
     SandboxRecord,
     TemplateRecord,
     TemplateTag,
+    UpstreamProxy,
     build_id_of,
 )
 from .repos import SandboxRepo, TemplateRepo
@@ -24,6 +27,8 @@ from .tags import TagRepo
 __all__ = [
     "CacheEntry",
     "Database",
+    "EgressPolicy",
+    "HostRule",
     "ImageConfig",
     "IngressPolicy",
     "LifecyclePolicy",
@@ -39,6 +44,7 @@ __all__ = [
     "TemplateRecord",
     "TemplateRepo",
     "TemplateTag",
+    "UpstreamProxy",
     "build_id_of",
     "provenance_json",
 ]

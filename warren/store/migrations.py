@@ -7,6 +7,7 @@
     3 -> 4   ``sandboxes.ingress`` (JSON ``IngressPolicy``: private traffic and its token), ``{}`` (public)
     4 -> 5   ``template_builds`` (the record of every build a tag points to) and ``template_tags``; an
              older template has no tags until one is assigned: its current build is its ``default``
+    5 -> 6   ``sandboxes.egress``: the sandbox's outbound policy (JSON, ``{}`` = open, what older rows get)
 
 Every upgrade runs in one transaction with the version bump: a crash leaves the old schema whole.
 """
@@ -18,7 +19,7 @@ from collections.abc import Callable
 
 from . import codec
 
-VERSION = 5
+VERSION = 6
 
 _TABLES = (
     """
@@ -43,7 +44,8 @@ _TABLES = (
         binding TEXT NOT NULL DEFAULT '{}',
         origin TEXT,
         requested TEXT NOT NULL DEFAULT '{}',
-        ingress TEXT NOT NULL DEFAULT '{}'
+        ingress TEXT NOT NULL DEFAULT '{}',
+        egress TEXT NOT NULL DEFAULT '{}'
     )
     """,
     "CREATE INDEX IF NOT EXISTS sandboxes_started ON sandboxes(started_at, id)",
@@ -144,7 +146,14 @@ def _to_5(conn: sqlite3.Connection) -> None:
     """The tag tables are made by ``_TABLES``; no template has tags yet (its current build is its default)."""
 
 
-_UPGRADES: dict[int, Callable[[sqlite3.Connection], None]] = {1: _to_1, 2: _to_2, 3: _to_3, 4: _to_4, 5: _to_5}
+def _to_6(conn: sqlite3.Connection) -> None:
+    if "egress" not in _columns(conn, "sandboxes"):
+        conn.execute("ALTER TABLE sandboxes ADD COLUMN egress TEXT NOT NULL DEFAULT '{}'")
+
+
+_UPGRADES: dict[int, Callable[[sqlite3.Connection], None]] = {
+    1: _to_1, 2: _to_2, 3: _to_3, 4: _to_4, 5: _to_5, 6: _to_6,
+}
 """Target version -> the step that reaches it from the one before."""
 
 

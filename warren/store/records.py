@@ -1,6 +1,6 @@
 """Frozen records the store returns. They carry data only; behaviour lives in the orchestrator.
 
-A sandbox record is flat columns plus five typed sub-records, each stored as one JSON column:
+A sandbox record is flat columns plus seven typed sub-records, each stored as one JSON column:
 
     image     ImageConfig      layers, env, workdir, user: what resume and snapshot need of its template
     policy    LifecyclePolicy  what a timeout does, whether traffic wakes it, how a timeout pauses
@@ -8,6 +8,7 @@ A sandbox record is flat columns plus five typed sub-records, each stored as one
     origin    str | None       the snapshot it was restored from (``from_snapshot``), if any
     requested Requested        what the create asked for (internet access, network), as asked
     ingress   IngressPolicy    who may reach its ports (E2B's ``allowPublicTraffic`` and traffic token)
+    egress    EgressPolicy     where it may connect out (``network.allowOut``/``denyOut``/``rules``)
 """
 
 from __future__ import annotations
@@ -95,6 +96,48 @@ class IngressPolicy:
 
 
 @dataclass(frozen=True)
+class HostRule:
+    """Headers the egress proxy sets on every HTTP(S) request to ``host`` (an exact name or ``*.suffix``)."""
+
+    host: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class UpstreamProxy:
+    """A SOCKS5 proxy a sandbox's outbound TCP is tunneled through (E2B's ``egressProxy``)."""
+
+    address: str
+    """``host:port``; the host is re-resolved at every dial and must not be in a blocked range."""
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+    server_name: str | None = None
+    ca_cert: str | None = None
+    """PEM CAs that replace the system store for the TLS hop to the proxy."""
+
+
+@dataclass(frozen=True)
+class EgressPolicy:
+    """A sandbox's outbound policy, as E2B's ``SandboxNetworkConfig`` says it (already validated).
+
+    ``allow_out`` holds CIDRs (``a.b.c.d/n``) and lowercase domains (``name`` or ``*.suffix``); ``deny_out``
+    CIDRs only. Nothing is denied unless ``deny_out`` says so; an allowed entry beats a denied one."""
+
+    allow_out: tuple[str, ...] = ()
+    deny_out: tuple[str, ...] = ()
+    rules: tuple[HostRule, ...] = ()
+    dns_servers: tuple[str, ...] | None = None
+    """Resolvers opened when ``allow_out`` names a domain (None: E2B's default, 8.8.8.8)."""
+    upstream: UpstreamProxy | None = None
+
+    @property
+    def is_open(self) -> bool:
+        """Nothing to enforce: no deny entry, no header rule, no upstream proxy."""
+        return not self.deny_out and not self.rules and self.upstream is None
+
+
+@dataclass(frozen=True)
 class SandboxRecord:
     id: str
     template_id: str
@@ -118,6 +161,7 @@ class SandboxRecord:
     """The snapshot this sandbox was restored from, if any."""
     requested: Requested = field(default_factory=Requested)
     ingress: IngressPolicy = field(default_factory=IngressPolicy)
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
 
 
 @dataclass(frozen=True)

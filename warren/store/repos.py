@@ -38,6 +38,7 @@ def _sandbox(row: sqlite3.Row) -> SandboxRecord:
         origin=row["origin"],
         requested=codec.requested_of(codec.load(row["requested"])),
         ingress=codec.ingress_of(codec.load(row["ingress"])),
+        egress=codec.egress_of(codec.load(row["egress"])),
     )
 
 
@@ -52,6 +53,7 @@ def _sandbox_params(rec: SandboxRecord) -> list[object]:
         "binding": codec.binding_to_json(rec.binding),
         "requested": codec.requested_to_json(rec.requested),
         "ingress": codec.ingress_to_json(rec.ingress),
+        "egress": codec.egress_to_json(rec.egress),
     }
     return [columns[c] for c in _SANDBOX_COLS]
 

@@ -196,14 +196,17 @@ def test_rfc3339_truncates_to_the_microsecond() -> None:
 
 def test_create_keeps_what_it_asked_for() -> None:
     req = parse_create({"templateID": "base", "network": {"denyOut": ["0.0.0.0/0"], "allowPublicTraffic": True}})
-    assert req.allow_internet is False
+    assert req.egress.deny_out == ("0.0.0.0/0",)  # enforced by the sandbox's egress rules (update_network lifts it)
     assert req.requested == Requested(None, NetworkConfig(allow_public_traffic=True, deny_out=("0.0.0.0/0",)))
     assert parse_create({"templateID": "base"}).requested == Requested()
     assert parse_create({"templateID": "base", "allow_internet_access": False}).requested.allow_internet_access is False
+    ip = parse_create({"templateID": "base", "network": {"allowOut": ["1.1.1.1"], "denyOut": ["10.0.0.0/8"]}})
+    assert ip.requested.network == NetworkConfig(allow_out=("1.1.1.1",), deny_out=("10.0.0.0/8",))
+    assert ip.egress.allow_out == ("1.1.1.1/32",) and ip.egress.deny_out == ("10.0.0.0/8",)
     private = parse_create({"templateID": "base", "network": {"allowPublicTraffic": False}})
     assert private.public_traffic is False and private.requested.network == NetworkConfig(allow_public_traffic=False)
-    for network in ({"allowOut": ["1.1.1.1"]}, {"denyOut": ["10.0.0.0/8"]}, {"allowPublicTraffic": "no"},
-                    {"maskRequestHost": "x"}, {"rules": {"a.com": [{}]}}, "all", {"denyOut": "0.0.0.0/0"}):  # fmt: skip
+    for network in ({"denyOut": ["example.com"]}, {"allowPublicTraffic": "no"}, {"allowOut": ["*"]},
+                    {"maskRequestHost": "x"}, {"rules": {"*": [{}]}}, "all", {"denyOut": "0.0.0.0/0"}):  # fmt: skip
         with pytest.raises(InvalidRequestError):
             parse_create({"templateID": "base", "network": network})
     with pytest.raises(InvalidRequestError):

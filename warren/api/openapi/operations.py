@@ -71,6 +71,8 @@ OPERATIONS: tuple[Operation, ...] = (
               query={"start": {"type": "integer", "minimum": 0}, "limit": {"type": "integer", "minimum": 0}}),
     Operation("get", "/sandboxes/metrics", "Newest metrics of up to 100 sandboxes (sandbox_ids)", 200, (400, 401),
               answer=ref("SandboxesWithMetrics"), query={"sandbox_ids": STR}),
+    Operation("put", "/sandboxes/{sandboxID}/network", "Replace the egress policy (allowOut, denyOut, rules, ...)",
+              204, (400, 401, 404, 409), body=ref("SandboxNetworkUpdateConfig")),
     Operation("post", "/sandboxes/{sandboxID}/pause", "Pause (memory kept unless memory=false)", 204,
               (400, 401, 404, 409), body=ref("SandboxPause")),
     Operation("post", "/sandboxes/{sandboxID}/resume", "Resume a paused sandbox (deprecated: connect)", 201,

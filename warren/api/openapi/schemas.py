@@ -39,13 +39,20 @@ TIME: Schema = {"type": "string", "format": "date-time"}
 STR_MAP: Schema = {"type": "object", "additionalProperties": STR}
 ANY_OBJ: Schema = {"type": "object"}
 
+_RULES: Schema = {"type": "object", "additionalProperties": array(obj({"transform": obj({"headers": STR_MAP})}))}
+_EGRESS_PROXY = obj({"address": STR, "username": STR, "password": STR,
+                     "tls": nullable(obj({"enabled": BOOL, "serverName": STR, "caCert": STR}))}, ("address",))
 _NETWORK = obj({
     "allowPublicTraffic": BOOL,
     "allowOut": array(STR),
     "denyOut": array(STR),
+    "dnsServers": array(STR),
+    "egressProxy": nullable(_EGRESS_PROXY),
     "maskRequestHost": STR,
-    "rules": {"type": "object", "additionalProperties": array(obj({"transform": obj({"headers": STR_MAP})}))},
+    "rules": _RULES,
 })
+_NETWORK_UPDATE = obj({"allowOut": array(STR), "denyOut": array(STR), "dnsServers": array(STR),
+                       "egressProxy": nullable(_EGRESS_PROXY), "rules": _RULES, "allow_internet_access": BOOL})
 _LIFECYCLE = obj({"autoResume": BOOL, "onTimeout": {"type": "string", "enum": ["kill", "pause"]}},
                  ("autoResume", "onTimeout"))  # fmt: skip
 _LISTED = {
@@ -77,6 +84,7 @@ SCHEMAS: dict[str, Schema] = {
     "Error": obj({"code": INT, "message": STR}, ("code", "message")),
     # ----- sandboxes (E2B)
     "SandboxNetworkConfig": _NETWORK,
+    "SandboxNetworkUpdateConfig": _NETWORK_UPDATE,
     "SandboxLifecycle": _LIFECYCLE,
     "NewSandbox": obj(
         {"templateID": {"type": "string", "minLength": 1}, "timeout": {"type": "integer", "minimum": 0},

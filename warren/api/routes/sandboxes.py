@@ -18,8 +18,10 @@ from ..models import (
     parse_create,
     parse_json_object,
     parse_list_query,
+    parse_network,
     sandbox_body,
 )
+from ..network import parse_update
 from ..services import services
 
 
@@ -78,6 +80,15 @@ async def connect(request: Request) -> Response:
         body = parse_json_object(await request.body())
         record, resumed = await svc.manager.connect(request.path_params["sandbox_id"], optional_int(body, "timeout"))
     return JSONResponse(sandbox_body(record, svc.settings.domain), status_code=201 if resumed else 200)
+
+
+async def update_network(request: Request) -> Response:
+    """E2B's ``PUT /sandboxes/{id}/network``: the whole egress policy is replaced; 204."""
+    body = parse_json_object(await request.body())
+    egress = parse_update(body)
+    asked = parse_network({k: body[k] for k in ("allowOut", "denyOut") if k in body})
+    await services(request).manager.update_network(request.path_params["sandbox_id"], egress, asked)
+    return Response(status_code=204)
 
 
 async def metrics(request: Request) -> Response:
@@ -161,4 +172,5 @@ ROUTES = [
     Route("/sandboxes/{sandbox_id}/connect", connect, methods=["POST"]),
     Route("/v2/sandboxes/{sandbox_id}/connect", connect, methods=["POST"]),
     Route("/sandboxes/{sandbox_id}/metrics", metrics, methods=["GET"]),
+    Route("/sandboxes/{sandbox_id}/network", update_network, methods=["PUT"]),
 ]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from warren import phases
-from warren.errors import ConflictError, InvalidRequestError, RuntimeFailure, UnavailableError
+from warren.errors import ConflictError, InvalidRequestError, NotFoundError, RuntimeFailure, UnavailableError
 from warren.runtime.agent_bundle import AGENT_ARGV, agent_environment
 from warren.runtime.base import AGENT_PORT, PauseMode, RuntimeKind, SandboxHandle, SandboxSpec
 from warren.runtime.cgroups import CgroupHierarchies
@@ -37,6 +37,7 @@ from warren.runtime.oci.steps import load_record, read_pid, remove_tree, thread_
 from warren.runtime.probe import agent_process_limits, pin_oom_score
 from warren.runtime.rootfs import is_mountpoint, mount_overlay, unmount
 from warren.runtime.userns import IdmappedLayers, RangeAllocator, UidRange, from_neutral
+from warren.store import EgressPolicy
 
 __all__ = ["RUNSC_HOST_TASKS", "RUN_TIMEOUT", "OciBackendBase"]
 
@@ -160,12 +161,12 @@ class OciBackendBase:
         return handle
 
     async def _restore_in_place(self, record: SandboxRecord, paths: SandboxPaths, allow_internet: bool,
-                                image: Path) -> SandboxHandle:
+                                image: Path, egress: EgressPolicy) -> SandboxHandle:
         """Restore a checkpointed sandbox from ``image`` with its own bundle into a new netns (same name,
         so ``config.json`` stays valid; new slot, so the address and ``/etc/hosts`` change)."""
         sid = record.sandbox_id
         async with contextlib.AsyncExitStack() as undo:
-            net = await self._network.create(sid, allow_internet=allow_internet)
+            net = await self._network.create(sid, allow_internet=allow_internet, egress=egress)
             undo.push_async_callback(undo_step, "network", self._network.destroy, net)
             record = replace(record, network=net, paused=None)
             await asyncio.to_thread(record.save, paths.record)
@@ -174,6 +175,22 @@ class OciBackendBase:
             handle = await self._run(paths, record, undo, restore=image)
             undo.pop_all()
         return handle
+
+    async def update_egress(self, sandbox_id: str, egress: EgressPolicy) -> None:
+        """Replace the egress policy of a sandbox that has a network (running or frozen) and record it;
+        one without a network gets it from the spec it resumes with."""
+        paths = self.sandbox_paths(sandbox_id)
+        async with self._lock(sandbox_id):
+            await self._releases.wait(sandbox_id)
+            record = self._record(sandbox_id)
+            if record is None:
+                raise NotFoundError(f"no sandbox {sandbox_id} on this node")
+            if record.network is not None and not self._release_pending(record):
+                net = await self._network.set_egress(record.network, egress)
+                await self._save(paths, replace(record, network=net))
+
+    def egress_ca(self) -> bytes:
+        return self._network.ca_pem
 
     def _handle(self, record: SandboxRecord, paths: SandboxPaths) -> SandboxHandle:
         assert record.network is not None
@@ -246,7 +263,7 @@ class OciBackendBase:
         """Network, overlay (unless mounted), bundle, then ``run`` or ``restore``; undo steps go on ``undo``."""
         sid = spec.sandbox_id
         with phases.phase("launch.network"):
-            net = await self._network.create(sid, allow_internet=spec.allow_internet)
+            net = await self._network.create(sid, allow_internet=spec.allow_internet, egress=spec.egress)
         undo.push_async_callback(undo_step, "network", self._network.destroy, net)
         binary = str(spec.runtime_binary) if spec.runtime_binary else None
         record = SandboxRecord(sid, self.kind, spec.resources, net, binary=binary, uid_range=uid_range)
