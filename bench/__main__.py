@@ -18,6 +18,10 @@ a section that fails records ``{"error": ...}`` and the others still run:
   vs not (``WARREN_DISK_QUOTA``), interleaved; the disk steps alone (template copy vs mkfs per sandbox).
 * ``throughput`` (bench/throughput.py): sustained creates/s from a warm pool at 4 and 8 concurrent
   clients, the pool's refill rate alone, and the claim rate alone (pool cannot refill).
+* ``egress`` (bench/egress.py): HTTP(S) request latency, requests/s and bulk MB/s from a sandbox, direct vs
+  through the egress proxy (name check, HTTP header rule, HTTPS interception), runc and gVisor.
+* ``domain`` (bench/domain.py): ``commands.run`` in domain mode (HTTPS, host routing, no
+  ``E2B_SANDBOX_URL``) vs header mode, on two nodes, interleaved.
 * ``cluster`` (bench/cluster.py): create and ``commands.run`` p50/p99 through a gateway vs direct to
   the node, and creates/s through a gateway with 3 nodes vs 1.
 
@@ -56,7 +60,9 @@ TARGETS = {
     "warm_pool_creates_per_s": ">= 30",
     "gateway_added_commands_run_p50_ms": "< 5",
 }
-SECTIONS = ("sandboxes", "templates", "lifecycle", "node", "hardening", "disk", "throughput", "cluster")
+SECTIONS = (
+    "sandboxes", "templates", "lifecycle", "node", "hardening", "disk", "throughput", "egress", "domain", "cluster",
+)
 
 
 def _machine() -> dict[str, Any]:
@@ -181,6 +187,14 @@ def main() -> None:
             from bench.throughput import run_throughput
 
             results["throughput"] = section(lambda: run_throughput(work / "throughput", runsc, scale))
+        if "egress" in only:
+            from bench.egress import run_egress
+
+            results["egress"] = section(lambda: run_egress(work / "egress", runsc, rootfs, scale))
+        if "domain" in only:
+            from bench.domain import run_domain
+
+            results["domain"] = section(lambda: run_domain(work / "domain", runsc, scale))
         if "cluster" in only:
             from bench.cluster import run_cluster
 

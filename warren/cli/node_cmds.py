@@ -47,8 +47,18 @@ def serve(
         typer.Option("--runsc", envvar="WARREN_RUNSC", help="runsc binary for gVisor (default: from PATH)."),
     ] = None,
     domain: Annotated[
-        str | None, typer.Option("--domain", help="Domain for <port>-<id>.<domain> host routing.")
+        str | None,
+        typer.Option(
+            "--domain",
+            help="Domain mode: sandboxes at https://<port>-<id>.<domain> (add :PORT when not on 443); "
+            "the SDK then needs only E2B_API_URL and E2B_DOMAIN.",
+        ),
     ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option("--tls-cert", help="Certificate (PEM) for <domain> and *.<domain>; default: the node makes one."),
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option("--tls-key", help="Private key (PEM) of --tls-cert.")] = None,
     cluster_redis: Annotated[
         str | None,
         typer.Option("--cluster-redis", help="Join the cluster whose state is in this Redis (redis://host:port/db)."),
@@ -65,6 +75,7 @@ def serve(
         "runsc_path": runsc,
         "domain": domain,
     }
+    fields.update({k: v for k, v in (("tls_cert", tls_cert), ("tls_key", tls_key)) if v is not None})
     if cluster_redis:
         fields["cluster_redis"] = cluster_redis
     if hasattr(settings_cls, "from_env"):  # applies the node's own WARREN_* variables (api key, ...)

@@ -59,7 +59,7 @@ def _write_once(path: Path, text: str) -> None:
         pass
 
 
-def advertise_url(settings: Settings, port: int) -> str:
+def advertise_url(settings: Settings, port: int, scheme: str = "http") -> str:
     """Where gateways reach this node: ``settings.advertise_url``, else the listen address (the host's
     name when the node listens on every interface)."""
     if settings.advertise_url:
@@ -67,8 +67,10 @@ def advertise_url(settings: Settings, port: int) -> str:
     host = settings.listen_host
     if host in ("0.0.0.0", "::", ""):
         host = socket.getfqdn()
-        log.warning("listening on every interface: advertising http://%s:%d (set WARREN_ADVERTISE_URL)", host, port)
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        log.warning(
+            "listening on every interface: advertising %s://%s:%d (set WARREN_ADVERTISE_URL)", scheme, host, port
+        )
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 @dataclass

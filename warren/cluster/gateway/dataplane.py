@@ -44,7 +44,7 @@ class GatewayProxy:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
-            target = target_of(scope["headers"], self._domain)
+            target = target_of(scope["headers"], self._domain, scope.get("path", ""))
             if target is not None:
                 if scope["type"] == "http":
                     await self._http(target, scope, receive, send)
