@@ -245,18 +245,23 @@ def test_list_merges_every_node_with_pagination(cluster: Cluster) -> None:
                 r = c.post("/sandboxes", json={"templateID": "base", "timeout": 120, "metadata": {"suite": tag}})
                 assert r.status_code == 201, r.text
         with cluster.gateways[1].client() as c:
-            seen: list[str] = []
-            token: str | None = None
-            for _ in range(5):
-                params = {"metadata": f"suite={tag}", "limit": "1", **({"nextToken": token} if token else {})}
-                r = c.get("/v2/sandboxes", params=params)
-                assert r.status_code == 200 and "x-warren-partial" not in r.headers
-                seen += [s["sandboxID"] for s in r.json()]
-                token = r.headers.get("x-next-token")
-                if not token:
-                    break
-            assert len(seen) == 3 and len(set(seen)) == 3
-            assert len({node_of(cluster, s) for s in seen}) == 3
+            orders: dict[str, list[str]] = {}
+            for order in ("desc", "asc"):
+                seen: list[dict[str, str]] = []
+                token: str | None = None
+                for _ in range(5):
+                    params = {"metadata": f"suite={tag}", "limit": "1", "order": order}
+                    r = c.get("/v2/sandboxes", params={**params, **({"nextToken": token} if token else {})})
+                    assert r.status_code == 200 and "x-warren-partial" not in r.headers
+                    seen += r.json()
+                    token = r.headers.get("x-next-token")
+                    if not token:
+                        break
+                starts = [s["startedAt"] for s in seen]
+                assert starts == sorted(starts, reverse=order == "desc")
+                orders[order] = [s["sandboxID"] for s in seen]
+            assert len(set(orders["asc"])) == 3 and orders["desc"] == orders["asc"][::-1]
+            assert len({node_of(cluster, s) for s in orders["asc"]}) == 3
             assert c.get("/v2/sandboxes", params={"nextToken": "garbage"}).status_code == 400
     finally:
         kill_all(cluster)

@@ -27,10 +27,18 @@ def test_a_bad_cursor_is_a_400(token: str) -> None:
         _decode(token)
 
 
-def test_the_node_token_sent_sorts_just_before_the_position() -> None:
+def test_the_node_token_sent_ascending_sorts_just_before_the_position() -> None:
     started = 1_796_000_000.123456789
     listed = rfc3339(started)
     token = encode_list_token(_seconds(listed) - 2e-6, "iabc")
     after = _decode_token(token)
     assert after < (started, "iabc")  # the node answers from the position on; the gateway drops the rest
     assert started - after[0] < 5e-6
+
+
+def test_the_node_token_sent_descending_sorts_just_after_the_position() -> None:
+    started = 1_796_000_000.123456789
+    token = encode_list_token(_seconds(rfc3339(started)) + 2e-6, "iabc")
+    after = _decode_token(token)
+    assert after > (started, "iabc")
+    assert after[0] - started < 5e-6

@@ -1,9 +1,9 @@
 """``GET /sandboxes`` and ``GET /v2/sandboxes`` across the cluster: every live node asked at once, pages
-merged in the nodes' own order (start time, then id).
+merged in the nodes' own order (start time, then id: newest first, or oldest with ``order=asc``).
 
 The gateway's ``nextToken`` is one position in that order, valid on every node: each node is asked for
-what sorts after a point just before it (the listed start times have microseconds, the nodes' have
-more), and the gateway drops what is not after the position itself. A node that is dead or does not
+what comes after a point just short of it (the listed start times have microseconds, the nodes' have
+more), and the gateway drops what does not come after the position itself. A node that is dead or does not
 answer leaves the others' results standing: the answer is partial and says so in
 ``X-Warren-Partial`` (the nodes missing), never a failed list.
 """
@@ -21,6 +21,7 @@ from starlette.requests import Request
 
 from ...api.models import parse_list_query
 from ...errors import InvalidRequestError, UnavailableError
+from ...orchestrator.requests import Order
 from ...orchestrator.table import encode_list_token
 from ..records import NodeView
 from .upstream import NodeClient, passed_headers
@@ -67,8 +68,11 @@ async def list_cluster(request: Request, nodes: list[NodeView], client: NodeClie
     node_params = [(k, v) for k, v in request.query_params.multi_items() if k not in ("limit", "nextToken")]
     if query.limit is not None:
         node_params.append(("limit", str(query.limit + 2)))
+    descending = query.order is Order.DESC
     if after is not None:
-        node_params.append(("nextToken", encode_list_token(_seconds(after[0]) - _EPSILON_S, after[1])))
+        # Just past the position in the query's order, so the node's page starts at or before it.
+        nudge = _EPSILON_S if descending else -_EPSILON_S
+        node_params.append(("nextToken", encode_list_token(_seconds(after[0]) + nudge, after[1])))
     live = [v for v in nodes if v.alive]
     missing = [v.node_id for v in nodes if not v.alive and v.roster_size > 0]
     headers = passed_headers(request)
@@ -92,8 +96,8 @@ async def list_cluster(request: Request, nodes: list[NodeView], client: NodeClie
         items += result[0]
         more = more or result[1]
     if after is not None:
-        items = [i for i in items if _position(i) > after]
-    items.sort(key=_position)
+        items = [i for i in items if (_position(i) < after if descending else _position(i) > after)]
+    items.sort(key=_position, reverse=descending)
     next_token = None
     if query.limit is not None and (len(items) > query.limit or more):
         items = items[: query.limit]
