@@ -162,6 +162,7 @@ async def test_async_sdk_through_a_gateway(cluster: Cluster, template: str) -> N
 
 def test_creates_spread_over_the_nodes(cluster: Cluster) -> None:
     ids = []
+    wait_idle(cluster)
     try:
         for i in range(3):
             with cluster.gateways[i % 2].client() as c:
@@ -239,6 +240,7 @@ def test_a_drained_node_gets_nothing_new_and_keeps_serving_what_it_has(cluster: 
 
 def test_list_merges_every_node_with_pagination(cluster: Cluster) -> None:
     tag = uuid.uuid4().hex
+    wait_idle(cluster)  # so that the three creates spread over the three nodes
     try:
         for _i in range(3):
             with cluster.gateways[0].client() as c:
@@ -358,6 +360,9 @@ def test_snapshot_fork_and_metrics_through_the_gateways(cluster: Cluster) -> Non
         again = Sandbox.connect(forks[0].sandbox_id, **gw1.sdk())
         assert again.files.read("/home/user/snap.txt") == "in-snapshot"
         assert sbx.get_metrics() is not None
+        with gw0.client() as c:  # batch metrics: each node asked for its own sandboxes
+            r = c.get("/sandboxes/metrics", params={"sandbox_ids": f"{sbx.sandbox_id},{child.sandbox_id},nope"})
+            assert r.status_code == 200 and set(r.json()["sandboxes"]) <= {sbx.sandbox_id, child.sandbox_id}
         assert any(s.snapshot_id == info.snapshot_id for s in Sandbox.list_snapshots(**gw1.sdk()).next_items())
         for box in made:
             Sandbox.kill(box, **gw1.sdk())
@@ -393,3 +398,18 @@ def test_a_stopped_nodes_paused_sandboxes_wait_for_it(cluster: Cluster) -> None:
         if node.proc is None or node.proc.poll() is not None:
             node.start()
         Sandbox.kill(sbx.sandbox_id, **gw0.sdk())
+
+
+def test_a_sandbox_made_on_a_node_directly_is_reachable_through_a_gateway_at_once(cluster: Cluster) -> None:
+    node = cluster.node("node-b")
+    with node.client() as c:
+        r = c.post("/sandboxes", json={"templateID": "base", "timeout": 120})
+        assert r.status_code == 201, r.text
+        sandbox_id = r.json()["sandboxID"]
+    try:
+        with cluster.gateways[0].client() as c:  # before any heartbeat could bind it
+            assert c.get(f"/sandboxes/{sandbox_id}").status_code == 200
+        box = Sandbox.connect(sandbox_id, **cluster.gateways[1].sdk())
+        assert box.commands.run("echo direct").stdout.strip() == "direct"
+    finally:
+        Sandbox.kill(sandbox_id, **cluster.gateways[1].sdk())

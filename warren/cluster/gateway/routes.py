@@ -23,7 +23,7 @@ from ...errors import InvalidRequestError, NotFoundError, TooManyRequestsError, 
 from ..placement import PlacementRequest, Strategy, place
 from .directory import Directory
 from .listing import PARTIAL_HEADER, list_cluster
-from .upstream import NodeClient, relay
+from .upstream import NodeClient, passed_headers, relay
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,35 @@ async def list_sandboxes(request: Request) -> Response:
     if page.missing:
         headers[PARTIAL_HEADER] = ",".join(page.missing)
     return JSONResponse(page.items, headers=headers)
+
+
+async def batch_metrics(request: Request) -> Response:
+    """``GET /sandboxes/metrics?sandbox_ids=a,b``: each node asked for its own, the answers merged.
+
+    A sandbox no live node has is left out, as a node leaves out one it does not know."""
+    gw = gateway_of(request)
+    raw = ",".join(request.query_params.getlist("sandbox_ids"))
+    ids = list(dict.fromkeys(i.strip() for i in raw.split(",") if i.strip()))
+    if not ids:
+        raise InvalidRequestError("sandbox_ids is required: a comma-separated list of sandbox ids")
+    by_node: dict[str, list[str]] = {}
+    for sandbox_id in ids:
+        node_id = await gw.directory.store.binding(sandbox_id)
+        if node_id is not None:
+            by_node.setdefault(node_id, []).append(sandbox_id)
+    merged: dict[str, object] = {}
+    for node_id, some in by_node.items():
+        view = await gw.directory.node(node_id)
+        if view is None or not view.alive:
+            continue
+        answer = await gw.client.call(
+            view.info.url, "GET", "/sandboxes/metrics", headers=passed_headers(request),
+            params=[("sandbox_ids", ",".join(some))],
+        )  # fmt: skip
+        if answer.status_code != 200:
+            return relay(answer)
+        merged.update(answer.json().get("sandboxes", {}))
+    return JSONResponse({"sandboxes": merged})
 
 
 async def on_sandbox(request: Request) -> Response:
@@ -193,9 +222,10 @@ ROUTES = [
     Route("/v2/sandboxes", create, methods=["POST"]),
     Route("/sandboxes", list_sandboxes, methods=["GET"]),
     Route("/v2/sandboxes", list_sandboxes, methods=["GET"]),
+    Route("/sandboxes/metrics", batch_metrics, methods=["GET"]),  # before /sandboxes/{sandbox_id}
     Route("/sandboxes/{sandbox_id}", on_sandbox, methods=["GET", "DELETE"]),
-    Route("/sandboxes/{sandbox_id}/{action:path}", on_sandbox, methods=["GET", "POST"]),
-    Route("/v2/sandboxes/{sandbox_id}/connect", on_sandbox, methods=["POST"]),
+    Route("/sandboxes/{sandbox_id}/{action:path}", on_sandbox, methods=["GET", "POST", "PUT"]),
+    Route("/v2/sandboxes/{sandbox_id}/{action:path}", on_sandbox, methods=["GET", "POST"]),
     Route("/snapshots", merged, methods=["GET"]),
     Route("/templates", merged, methods=["GET"]),
     Route("/v2/templates", merged, methods=["GET"]),

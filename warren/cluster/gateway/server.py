@@ -10,6 +10,7 @@ import signal
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import uvicorn
 from starlette.applications import Starlette
@@ -21,8 +22,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ...api.auth import key_matches
 from ...api.errors import error_response, unhandled_error_handler, warren_error_handler
 from ...api.httpguard import guarded_http_protocol
-from ...errors import WarrenError
+from ...errors import UnavailableError, WarrenError
 from ..placement import LeastLoaded, Strategy
+from ..records import NodeView
 from ..store import DEFAULT_PREFIX, ClusterStore
 from .dataplane import GatewayProxy
 from .directory import Directory
@@ -69,7 +71,19 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 def create_gateway_app(
     settings: GatewaySettings, store: ClusterStore, client: NodeClient, strategy: Strategy | None = None
 ) -> tuple[ASGIApp, GatewayProxy]:
-    directory = Directory(store)
+    async def probe(view: NodeView, sandbox_id: str) -> bool:
+        try:
+            answer = await client.call(
+                view.info.url,
+                "GET",
+                f"/sandboxes/{quote(sandbox_id, safe='')}",
+                headers=[("x-api-key", settings.api_key)],
+            )
+        except UnavailableError:
+            return False
+        return answer.status_code == 200
+
+    directory = Directory(store, probe)
     router = Starlette(
         routes=ROUTES,
         exception_handlers={
