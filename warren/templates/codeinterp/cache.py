@@ -6,7 +6,8 @@
 
 A node whose state dir lacks the template copies ``layer/`` in as a layer of its own (hard links when
 on one filesystem) and stacks it on its ``base``. An entry is used only if it was built with the current
-``RECIPE`` over the ``base`` now in the cache (same ``built_at``); otherwise the node builds again and
+``RECIPE``, packages and sandbox files (``recipe.digest``) over the ``base`` now in the cache (same
+``built_at``); otherwise the node builds again and
 replaces it. Written under the templates cache lock, into a temporary directory renamed into place.
 """
 
@@ -23,7 +24,7 @@ from typing import Any
 from warren.errors import HostError, NotFoundError
 from warren.templates._fs import exclusive_lock, remove_tree, write_json_atomic
 from warren.templates.builtin import load_template_info, templates_root
-from warren.templates.codeinterp.recipe import NAME, RECIPE
+from warren.templates.codeinterp.recipe import NAME, RECIPE, digest
 from warren.templates.importer import copy_tree, slugify
 from warren.trees import fsync_dir
 
@@ -63,6 +64,8 @@ def load(cache_dir: Path) -> CachedLayer | None:
         return None
     if not isinstance(raw, dict) or raw.get("recipe") != RECIPE or not (entry / LAYER).is_dir():
         return None
+    if raw.get("digest") != digest():
+        return None
     if raw.get("base_built_at") != base_built_at(cache_dir):
         return None
     env = raw.get("env") if isinstance(raw.get("env"), dict) else {}
@@ -86,7 +89,7 @@ def store(cache_dir: Path, layer: Path, meta: dict[str, Any]) -> Path:
             tmp.mkdir(parents=True)
             os.chmod(tmp, 0o755)
             copy_tree(layer, tmp / LAYER)
-            write_json_atomic(tmp / META, {**meta, "name": NAME, "recipe": RECIPE,
+            write_json_atomic(tmp / META, {**meta, "name": NAME, "recipe": RECIPE, "digest": digest(),
                                            "base_built_at": base_built_at(cache_dir)})  # fmt: skip
             old = None
             if final.exists():

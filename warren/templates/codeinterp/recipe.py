@@ -13,6 +13,7 @@ own. ``RECIPE`` is bumped whenever what the build produces changes (the setup ca
 
 from __future__ import annotations
 
+import hashlib
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,6 +54,14 @@ class Plan:
     files_hash: str
     request: BuildRequest
     wheels: int
+
+
+def digest() -> str:
+    """What the cached layer must have been built from: the recipe, its packages and the sandbox files."""
+    hasher = hashlib.sha256(f"{RECIPE} {' '.join(PACKAGES)}".encode())
+    for name in FILES:
+        hasher.update(name.encode() + b"\0" + (SANDBOX_FILES / name).read_bytes())
+    return hasher.hexdigest()
 
 
 def write_files_tar(dest: Path, wheel_files: list[Path]) -> None:

@@ -113,6 +113,9 @@ def result_record(content: Mapping[str, Any], main: bool) -> dict[str, Any]:
             extra[mime] = value
         else:
             record[field] = value
+    text = record.get("text")
+    if isinstance(text, str) and len(text) >= 2 and text[0] == text[-1] == "'":
+        record["text"] = text[1:-1]  # E2B's server gives a str result without its repr quotes
     if extra:
         record["extra"] = extra
     return record
