@@ -36,7 +36,7 @@ PACKAGES = ("ipykernel", "jupyter_client", "numpy", "pandas", "matplotlib")
 DIR = "/opt/warren-ci"
 VENV = f"{DIR}/venv"
 SANDBOX_FILES = Path(__file__).parent / "sandbox"
-FILES = ("ci_bootstrap.py", "ci_kernels.py", "ci_server.py")
+FILES = ("ci_bootstrap.py", "ci_kernels.py", "ci_launcher.py", "ci_server.py")
 """What goes into the template (the build bootstrap stays: it is small, and says how the venv was made)."""
 COPY_SRC = "warren-ci"
 

@@ -17,17 +17,33 @@ from __future__ import annotations
 import json
 import os
 import queue
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
-LANGUAGES = {"python": "python3"}
+LANGUAGES = {"python": "warren-python3"}
 """Languages this template runs, and their kernel spec."""
 START_TIMEOUT_S = 60.0
+IPC_DIR = os.path.join(os.environ.get("XDG_RUNTIME_DIR") or "/tmp", "warren-ci")
+KERNELS_DIR = os.path.join(IPC_DIR, "kernels")
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ci_launcher.py")
+
+
+def kernel_specs() -> KernelSpecManager:
+    """The one kernel spec: this venv's python running ``ci_launcher.py`` (ipykernel, no fork pipe)."""
+    spec_dir = os.path.join(KERNELS_DIR, "warren-python3")
+    os.makedirs(spec_dir, mode=0o700, exist_ok=True)
+    spec = {"argv": [sys.executable, LAUNCHER, "-f", "{connection_file}"], "display_name": "Python 3",
+            "language": "python", "metadata": {"debugger": False}}
+    with open(os.path.join(spec_dir, "kernel.json"), "w") as fh:
+        json.dump(spec, fh)
+    return KernelSpecManager(kernel_dirs=[KERNELS_DIR])
 POLL_S = 1.0
 
 MIME_FIELDS = {
@@ -141,7 +157,11 @@ class Context:
             self._start()
 
     def _start(self) -> None:
-        km = KernelManager(kernel_name=LANGUAGES[self.language])
+        # ZMQ over unix sockets, not loopback TCP: gVisor cannot checkpoint a listening TCP socket that
+        # libzmq waits on ("endpoint still has waiters upon save"), and the template is sealed that way.
+        os.makedirs(IPC_DIR, mode=0o700, exist_ok=True)
+        km = KernelManager(kernel_name=LANGUAGES[self.language], kernel_spec_manager=kernel_specs(),
+                           transport="ipc", ip=os.path.join(IPC_DIR, f"kernel-{self.id}"))
         os.makedirs(self.cwd, exist_ok=True)
         km.start_kernel(cwd=self.cwd, env={**os.environ, **self._env})
         kc = km.client()
