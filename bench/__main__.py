@@ -18,6 +18,9 @@ a section that fails records ``{"error": ...}`` and the others still run:
   vs not (``WARREN_DISK_QUOTA``), interleaved; the disk steps alone (template copy vs mkfs per sandbox).
 * ``throughput`` (bench/throughput.py): sustained creates/s from a warm pool at 4 and 8 concurrent
   clients, the pool's refill rate alone, and the claim rate alone (pool cannot refill).
+* ``code_interpreter`` (bench/code_interpreter.py): the ``e2b-code-interpreter`` SDK on runc and gVisor,
+  create-to-first-result of ``1 + 1`` and 100 warm ``1 + 1`` round trips, p50/p99; the template's
+  build or cache import.
 
 ``leftovers`` lists anything the benchmark's nodes left on the host (it should be empty). Numbers
 are wall-clock on a possibly shared host: ``machine.loadavg_*`` says how busy it was.
@@ -53,7 +56,7 @@ TARGETS = {
     "disk_create_to_first_command_on_vs_off_p50_ratio": "<= 1.1",
     "warm_pool_creates_per_s": ">= 30",
 }
-SECTIONS = ("sandboxes", "templates", "lifecycle", "node", "hardening", "disk", "throughput")
+SECTIONS = ("sandboxes", "templates", "lifecycle", "node", "hardening", "disk", "throughput", "code_interpreter")
 
 
 def _machine() -> dict[str, Any]:
@@ -178,6 +181,12 @@ def main() -> None:
             from bench.throughput import run_throughput
 
             results["throughput"] = section(lambda: run_throughput(work / "throughput", runsc, scale))
+        if "code_interpreter" in only:
+            from bench.code_interpreter import run_code_interpreter
+
+            results["code_interpreter"] = section(
+                lambda: run_code_interpreter(work / "code_interpreter", runsc, scale)
+            )
         cleanup_bare_cgroups()
         report["leftovers"] = leftovers(work, baseline)
         if report["leftovers"]:

@@ -38,8 +38,16 @@ CONTEXTS = Contexts(default_cwd=os.environ.get("WARREN_CI_CWD", os.path.expandus
 READY = threading.Event()
 
 
+_ENVS: dict[str, dict[str, str]] = {}
+"""The sandbox's env vars by access token: they are fixed at create, so one ask per token suffices (a
+sandbox restored from the template's memory snapshot asks after its create, never before)."""
+
+
 def sandbox_envs(token: str | None) -> dict[str, str]:
     """The sandbox's env vars from the guest agent (empty when it cannot say)."""
+    cached = _ENVS.get(token or "")
+    if cached is not None:
+        return cached
     request = urllib.request.Request(AGENT_ENVS_URL, headers={"X-Access-Token": token} if token else {})
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
@@ -48,11 +56,14 @@ def sandbox_envs(token: str | None) -> dict[str, str]:
         return {}
     if not isinstance(data, dict):
         return {}
-    return {str(k): str(v) for k, v in data.items()}
+    envs = {str(k): str(v) for k, v in data.items()}
+    _ENVS[token or ""] = envs
+    return envs
 
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # small NDJSON chunks must not wait for a delayed ACK (40 ms)
     server_version = "warren-code-interpreter/1"
 
     def log_message(self, format: str, *args: Any) -> None:
