@@ -14,11 +14,12 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
-from tests.framework.node import Node
+from tests.framework.node import Node, running_node
 from warren.templates.codeinterp import recipe
 
 BUILD_TIMEOUT_S = 1800.0
@@ -192,6 +193,34 @@ def test_pause_and_resume_keep_the_kernel_state(ci: Sandbox) -> None:
     assert ci.pause() is True
     resumed = Sandbox.connect(ci.sandbox_id)
     assert resumed.run_code("kept").text == before
+
+
+def test_execution_timeout_interrupts_the_kernel(ci: Sandbox) -> None:
+    from e2b import TimeoutException
+
+    ci.run_code("survivor = 7")
+    with pytest.raises(TimeoutException):
+        ci.run_code("import time\ntime.sleep(60)", timeout=2)
+    started = time.monotonic()
+    assert ci.run_code("survivor").text == "7"  # interrupted, not restarted: the state is there
+    assert time.monotonic() - started < 15
+
+
+def test_first_use_on_a_fresh_node_with_the_sdk_default_template(
+    ci_built: str, tmp_path_factory: pytest.TempPathFactory, patched_runsc: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that has never seen the template gets it on the first ``Sandbox.create()`` (from the setup
+    cache the session node filled; the create waits for the import)."""
+    with running_node(tmp_path_factory.mktemp("fresh") / "state", runsc=patched_runsc) as fresh:
+        for k, v in fresh.env().items():
+            monkeypatch.setenv(k, v)
+        box = Sandbox.create()
+        try:
+            assert box.run_code("6 * 7").text == "42"
+        finally:
+            box.kill()
+        log = fresh.log_path.read_text()
+        assert f"{recipe.NAME}: importing the layer" in log
 
 
 def test_unknown_language_is_a_clear_error(ci: Sandbox) -> None:

@@ -212,9 +212,11 @@ class Context:
         code: str,
         env_vars: Mapping[str, str],
         emit: Callable[[dict[str, Any]], bool],
+        gone: Callable[[], bool] = lambda: False,
     ) -> None:
         """Run ``code``, calling ``emit`` with each output record in order; ``emit`` returns False once
-        the client is gone (the kernel is then interrupted, and the execution drained)."""
+        the client is gone, as ``gone`` does while the kernel is quiet (the SDK's execution timeout closes
+        the connection): the kernel is then interrupted and the execution drained."""
         with self._lock:
             if self._km is None or not self._km.is_alive():
                 self._stop()
@@ -223,21 +225,34 @@ class Context:
             if pushed:
                 encoded = json.dumps(dict(env_vars))
                 self._silent(f"__warren_saved = __warren_env_push(__import__('json').loads({encoded!r}))")
+            interrupted = False
+
+            def interrupt() -> None:
+                nonlocal interrupted, emit
+                if not interrupted and self._km is not None:
+                    interrupted = True
+                    self._km.interrupt_kernel()
+                    emit = _discard
+
             try:
-                for record in self._run(code):
-                    if not emit(record) and self._km is not None:
-                        self._km.interrupt_kernel()
-                        emit = _discard
+                for record in self._run(code, lambda: not interrupted and gone()):
+                    if record.get("type") == "_idle":
+                        interrupt()
+                    elif not emit(record):
+                        interrupt()
             finally:
                 if pushed and self._km is not None and self._km.is_alive():
                     self._silent("__warren_env_pop(__warren_saved)")
 
-    def _run(self, code: str) -> Iterator[dict[str, Any]]:
+    def _run(self, code: str, gone: Callable[[], bool]) -> Iterator[dict[str, Any]]:
+        """The execution's records; ``{"type": "_idle"}`` (not for the client) when ``gone`` says so."""
         msg_id = self._kc.execute(code, silent=False, store_history=True, allow_stdin=False)
         while True:
             try:
                 msg = self._kc.get_iopub_msg(timeout=POLL_S)
             except queue.Empty:
+                if gone():
+                    yield {"type": "_idle"}
                 if self._km is not None and not self._km.is_alive():
                     yield {"type": "error", "name": "DeadKernelError", "traceback": "",
                            "value": "the kernel died while executing the code; its state is lost"}

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
+import socket
 import sys
 import threading
 import urllib.error
@@ -175,7 +177,15 @@ class Handler(BaseHTTPRequestHandler):
                 alive[0] = False
             return alive[0]
 
-        context.execute(code, envs, emit)
+        def gone() -> bool:
+            """The client closed the connection (nothing more to read, EOF)."""
+            try:
+                readable, _, _ = select.select([self.connection], [], [], 0)
+                return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True
+
+        context.execute(code, envs, emit, gone)
         if alive[0]:
             try:
                 self.wfile.write(b"0\r\n\r\n")
