@@ -86,7 +86,11 @@ class _NoTemplates:
         return None
 
 
-async def test_a_create_that_outlasts_the_build_gets_503_and_the_build_goes_on(tmp_path: Path) -> None:
+def test_a_create_that_outlasts_the_build_gets_503_and_the_build_goes_on(tmp_path: Path) -> None:
+    asyncio.run(_outlasting(tmp_path))
+
+
+async def _outlasting(tmp_path: Path) -> None:
     started = asyncio.Event()
     release = asyncio.Event()
 
