@@ -18,6 +18,10 @@ a section that fails records ``{"error": ...}`` and the others still run:
   vs not (``WARREN_DISK_QUOTA``), interleaved; the disk steps alone (template copy vs mkfs per sandbox).
 * ``throughput`` (bench/throughput.py): sustained creates/s from a warm pool at 4 and 8 concurrent
   clients, the pool's refill rate alone, and the claim rate alone (pool cannot refill).
+* ``egress`` (bench/egress.py): HTTP(S) request latency, requests/s and bulk MB/s from a sandbox, direct vs
+  through the egress proxy (name check, HTTP header rule, HTTPS interception), runc and gVisor.
+* ``domain`` (bench/domain.py): ``commands.run`` in domain mode (HTTPS, host routing, no
+  ``E2B_SANDBOX_URL``) vs header mode, on two nodes, interleaved.
 * ``code_interpreter`` (bench/code_interpreter.py): the ``e2b-code-interpreter`` SDK on runc and gVisor,
   create-to-first-result of ``1 + 1`` and 100 warm ``1 + 1`` round trips, p50/p99; the template's
   build or cache import.
@@ -56,7 +60,10 @@ TARGETS = {
     "disk_create_to_first_command_on_vs_off_p50_ratio": "<= 1.1",
     "warm_pool_creates_per_s": ">= 30",
 }
-SECTIONS = ("sandboxes", "templates", "lifecycle", "node", "hardening", "disk", "throughput", "code_interpreter")
+SECTIONS = (
+    "sandboxes", "templates", "lifecycle", "node", "hardening", "disk", "throughput", "egress", "domain",
+    "code_interpreter",
+)
 
 
 def _machine() -> dict[str, Any]:
@@ -181,6 +188,14 @@ def main() -> None:
             from bench.throughput import run_throughput
 
             results["throughput"] = section(lambda: run_throughput(work / "throughput", runsc, scale))
+        if "egress" in only:
+            from bench.egress import run_egress
+
+            results["egress"] = section(lambda: run_egress(work / "egress", runsc, rootfs, scale))
+        if "domain" in only:
+            from bench.domain import run_domain
+
+            results["domain"] = section(lambda: run_domain(work / "domain", runsc, scale))
         if "code_interpreter" in only:
             from bench.code_interpreter import run_code_interpreter
 

@@ -42,16 +42,21 @@ POOL_OFF = {"WARREN_WARM_POOL": "0"}
 
 
 def start_node(
-    state_dir: Path, runsc: Path | None, env: Mapping[str, str] | None = None, api_key: str | None = None
+    state_dir: Path,
+    runsc: Path | None,
+    env: Mapping[str, str] | None = None,
+    api_key: str | None = None,
+    domain_ca: Path | None = None,
 ) -> Node:
     """A started node; ``env`` is added to the server's environment (nothing else: with ``env=None``
-    the node runs with its real defaults, warm pool included)."""
+    the node runs with its real defaults, warm pool included). ``domain_ca``: in domain mode."""
     node = Node(
         state_dir=state_dir,
         port=free_port(),
         api_key=api_key or "wrn_bench_" + os.urandom(8).hex(),
         runsc=runsc,
         extra_env=dict(env or {}),
+        domain_ca=domain_ca,
     )
     node.start()
     return node
@@ -94,9 +99,11 @@ def clean_node(node: Node) -> None:
 
 
 @contextlib.contextmanager
-def bench_node(state_dir: Path, runsc: Path | None, env: Mapping[str, str] = POOL_OFF) -> Iterator[Node]:
+def bench_node(
+    state_dir: Path, runsc: Path | None, env: Mapping[str, str] = POOL_OFF, domain_ca: Path | None = None
+) -> Iterator[Node]:
     """A node for one section, emptied (sandboxes, snapshots) and stopped at the end; pool off by default."""
-    node = start_node(state_dir, runsc, env)
+    node = start_node(state_dir, runsc, env, domain_ca=domain_ca)
     try:
         yield node
     finally:

@@ -3,9 +3,13 @@
 # warren itself (editable), then `warren setup` (guest agent bundle + built-in templates, cached).
 # Runs as root, unattended (CI=true, no stdin). A second run only checks and returns quickly.
 #
-# WARREN_SETUP_STAGES (default "packages,venv,warren"): the stages to run, comma-separated, always in
-# that order. `WARREN_SETUP_STAGES=packages scripts/setup.sh` only installs the Debian packages
+# WARREN_SETUP_STAGES (default "packages,venv,sdk,warren"): the stages to run, comma-separated, always
+# in that order. `WARREN_SETUP_STAGES=packages scripts/setup.sh` only installs the Debian packages
 # (tests/unit/scripts runs it so against stand-in apt tools).
+#
+# The sdk stage installs the older e2b SDK of the version matrix (requirements-e2b-<version>.lock, every
+# dependency pinned) into .sdk/e2b-<version> with `pip install --no-deps --target`; a stamp of the lock
+# makes a second run a no-op. tests/e2e/test_sdk_versions.py runs SDK tests under it.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -18,11 +22,11 @@ die() { printf 'scripts/setup.sh: %s\n' "$*" >&2; exit 1; }
 
 [ "$(id -u)" -eq 0 ] || die "run as root (sudo scripts/setup.sh)"
 
-STAGES=${WARREN_SETUP_STAGES:-packages,venv,warren}
+STAGES=${WARREN_SETUP_STAGES:-packages,venv,sdk,warren}
 for stage in ${STAGES//,/ }; do
   case "$stage" in
-    packages | venv | warren) ;;
-    *) die "unknown stage '$stage' in WARREN_SETUP_STAGES (known: packages, venv, warren)" ;;
+    packages | venv | sdk | warren) ;;
+    *) die "unknown stage '$stage' in WARREN_SETUP_STAGES (known: packages, venv, sdk, warren)" ;;
   esac
 done
 want_stage() { [[ ",$STAGES," == *",$1,"* ]]; }
@@ -31,8 +35,9 @@ want_stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 REQUIRED=(runc debootstrap busybox-static nftables iptables patchelf iproute2 procps psmisc socat e2fsprogs curl dash
           python3 python3-venv ca-certificates)
 # Installed when the host's release has them; features that need a missing one report it and their
-# tests skip (runsc: gVisor; redis-server: cluster; docker-registry, skopeo: image pulls).
-OPTIONAL=(runsc redis-server docker-registry skopeo)
+# tests skip (runsc: gVisor; redis-server: cluster; docker-registry, skopeo: image pulls; dnsmasq-base:
+# the egress tests' DNS).
+OPTIONAL=(runsc redis-server docker-registry skopeo dnsmasq-base)
 
 # No pipelines into `grep -q` here: under pipefail, grep exiting at its first match kills the
 # producer with SIGPIPE and the pipeline fails (141) exactly when the match was found. Capture, then test.
@@ -125,11 +130,39 @@ if bad:
 PY
 }
 
+# The older SDKs of the version matrix, one target dir per lock; WARREN_SDK_DIR and WARREN_SDK_PIP
+# (default .sdk and the venv's pip) let tests/unit/scripts run this stage against a stand-in pip.
+setup_sdks() {
+  local sdk_dir=${WARREN_SDK_DIR:-$ROOT/.sdk} pip=${WARREN_SDK_PIP:-$VENV/bin/pip} lock version target wanted
+  for lock in "$ROOT"/requirements-e2b-*.lock; do
+    [ -f "$lock" ] || continue
+    version=${lock##*/requirements-e2b-}
+    version=${version%.lock}
+    target=$sdk_dir/e2b-$version
+    wanted=$(sha256sum <"$lock" | cut -d' ' -f1)
+    if [ -f "$target/.warren-sdk" ] && [ "$(cat "$target/.warren-sdk")" = "$wanted" ]; then
+      log "e2b $version for the SDK matrix: up to date"
+      continue
+    fi
+    log "pip install --target $target (e2b $version for the SDK matrix)"
+    rm -rf "$target.tmp"
+    mkdir -p "$sdk_dir"
+    "$pip" install -q --disable-pip-version-check --no-deps --target "$target.tmp" -r "$lock" </dev/null \
+      || { rm -rf "$target.tmp"; die "installing e2b $version into $target failed"; }
+    echo "$wanted" >"$target.tmp/.warren-sdk"
+    rm -rf "$target"
+    mv "$target.tmp" "$target"
+  done
+}
+
 if want_stage packages; then
   install_packages
 fi
 if want_stage venv; then
   setup_venv
+fi
+if want_stage sdk; then
+  setup_sdks
 fi
 if want_stage warren; then
   log "warren setup"

@@ -22,11 +22,29 @@ class Settings:
     cache_dir: Path = DEFAULT_CACHE_DIR
     runsc_path: Path | None = None
     domain: str | None = None
+    """Domain mode: sandboxes at ``https://<port>-<id>.<domain>`` (``:port`` included when not 443), so
+    the E2B SDK needs only ``E2B_API_URL`` and ``E2B_DOMAIN``. None: header mode (``E2B_SANDBOX_URL``)."""
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    """The operator's certificate (for ``<domain>`` and ``*.<domain>``) and key; with a domain and none
+    given, the node makes a CA and a certificate in ``<state_dir>/tls`` (``warren.node_tls``)."""
     api_key: str | None = None
     """Overrides the key generated into the state dir (``WARREN_API_KEY``)."""
     default_timeout_s: int = 300
     max_timeout_s: int = 24 * 3600
     network_cidr: str = "10.77.0.0/16"
+    network_table: str = "warren"
+    """The nft table of this node's sandboxes (``WARREN_NETWORK_TABLE``); with ``network_prefix`` and
+    ``network_cidr`` it lets nodes on one host keep their sandbox networks apart (tests do)."""
+    network_prefix: str = ""
+    """One letter naming this node's netns and veths (``WARREN_NETWORK_PREFIX=x``: netns ``wrx-<id>``,
+    veths ``wx<slot>``); empty: ``wrn-`` and ``wv``."""
+    dns_servers: tuple[str, ...] = ()
+    """The resolvers sandboxes get (``WARREN_DNS_SERVERS``, comma-separated IPv4); empty: the host's
+    non-loopback ones, else 1.1.1.1 and 8.8.8.8."""
+    egress_upstream_ca: Path | None = None
+    """Extra CA certificates (PEM) the egress proxy trusts for the upstreams of HTTPS hosts that have
+    header rules, besides the system store (``WARREN_EGRESS_UPSTREAM_CA``)."""
     node_name: str = "warren"
     default_runtime: str = "runc"
     runtimes_file: Path | None = None
@@ -116,6 +134,9 @@ _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
     "WARREN_API_KEY": ("api_key", str),
     "WARREN_CACHE_DIR": ("cache_dir", Path),
     "WARREN_RUNSC": ("runsc_path", Path),
+    "WARREN_DOMAIN": ("domain", str),
+    "WARREN_TLS_CERT": ("tls_cert", Path),
+    "WARREN_TLS_KEY": ("tls_key", Path),
     "WARREN_RUNTIMES": ("runtimes_file", Path),
     "WARREN_WARM_POOL": ("warm_pool_size", int),
     "WARREN_LOCK_BUDGET_S": ("lock_budget_s", float),
@@ -139,6 +160,11 @@ _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
     "WARREN_IMPORT_ROOTS": ("import_roots", _paths),
     "WARREN_DISK_QUOTA": ("disk_quota", lambda text: text.strip().lower() not in ("0", "false", "no", "off")),
     "WARREN_SANDBOX_DISK_MB": ("sandbox_disk_mb", int),
+    "WARREN_DNS_SERVERS": ("dns_servers", _csv),
+    "WARREN_NETWORK_CIDR": ("network_cidr", str),
+    "WARREN_NETWORK_TABLE": ("network_table", str),
+    "WARREN_NETWORK_PREFIX": ("network_prefix", str),
+    "WARREN_EGRESS_UPSTREAM_CA": ("egress_upstream_ca", Path),
     "WARREN_PROFILE": ("profile_file", Path),
 }
 """Environment variable → (Settings field, parser), applied by :meth:`Settings.from_env`."""

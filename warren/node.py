@@ -31,6 +31,7 @@ from .ids import new_template_id
 from .images import LayerStore
 from .names import validate_name
 from .node_runtimes import guest_source_dir, reap_orphans_for_node, start_runtimes
+from .node_tls import domain_info, startup_message, tls_files
 from .orchestrator import SandboxManager
 from .orchestrator.faults import faults_from_env
 from .orchestrator.requests import ListQuery
@@ -188,6 +189,8 @@ async def _serve_locked(
     api_key, created = load_or_create_api_key(settings.state_dir, settings.api_key)
     if created:
         print(f"warren: generated API key {api_key} (saved in {settings.state_dir / 'api-key'})", file=sys.stderr)
+    tls = await asyncio.to_thread(tls_files, settings.state_dir, settings.domain, settings.tls_cert, settings.tls_key)
+    print(startup_message(settings.domain, tls), file=sys.stderr)
     db = await asyncio.to_thread(Database, settings.state_dir / "warren.db")  # may migrate the schema
     try:
         agent_bundle = await build_agent_bundle(settings.cache_dir, guest_source_dir())
@@ -232,7 +235,8 @@ async def _serve_locked(
             builds=builds,
             code_interpreter=code_interpreter,
             info={"node": settings.node_name, "agent_bundle": str(agent_bundle), "footprint": caps.__dict__,
-                  "diskQuota": node_runtimes.backends[RuntimeKind.RUNC].disks.status()},
+                  "diskQuota": node_runtimes.backends[RuntimeKind.RUNC].disks.status(),
+                  **domain_info(settings.domain, tls)},
         )
         app, proxy = create_app(services, max_keepalive=caps.http_max_keepalive)
         manager.on_removed(proxy.abort)
@@ -247,6 +251,8 @@ async def _serve_locked(
             timeout_keep_alive=30,
             # Request-head timeout (slow loris) and a JSON 503 over the concurrency cap: api/httpguard.py.
             http=guarded_http_protocol(settings.http_header_timeout_s, settings.http_max_concurrency),
+            ssl_certfile=str(tls.cert) if tls else None,
+            ssl_keyfile=str(tls.key) if tls else None,
         )
         server = _Server(config)
         try:
@@ -254,6 +260,7 @@ async def _serve_locked(
                 serving = group.create_task(server.serve(), name="http-server")
                 timers = group.create_task(manager.run_timers(), name="ttl-timers")
                 reaper = group.create_task(manager.run_reaper(), name="exit-reaper")
+                sampler = group.create_task(manager.run_metrics(), name="metrics-sampler")
                 prewarm = group.create_task(node_runtimes.registry.prewarmer.run(), name="runtime-prewarm")
                 pool = group.create_task(manager.pool.run(), name="warm-pool")
                 while not server.started:
@@ -262,7 +269,8 @@ async def _serve_locked(
                     await asyncio.sleep(0.01)
                 if ready is not None and not ready.done():
                     port = _bound_port(server) or settings.listen_port
-                    ready.set_result({"url": f"http://{settings.listen_host}:{port}", "api_key": api_key})
+                    scheme = "https" if tls else "http"
+                    ready.set_result({"url": f"{scheme}://{settings.listen_host}:{port}", "api_key": api_key})
                 await wait_event_or_task(stop, serving)
                 # Shutdown order (seed 000): refuse new work, preserve sandboxes while the API still
                 # answers (503 for new lifecycle calls), then stop HTTP, then the helpers.
@@ -272,10 +280,12 @@ async def _serve_locked(
                 server.should_exit = True
                 timers.cancel()
                 reaper.cancel()
+                sampler.cancel()
                 prewarm.cancel()
                 pool.cancel()  # its finally stops the pooled sandboxes
                 await code_interpreter.aclose()
                 await builds.aclose()
+                await manager.logs.aclose()
                 await node_runtimes.aclose()  # releases of the sandboxes just paused
         finally:
             await proxy.aclose()

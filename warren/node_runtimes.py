@@ -64,11 +64,18 @@ class NodeRuntimes:
         after the last pause."""
         for backend in self.backends.values():
             await backend.aclose()
+        await self.network.close()
 
 
 async def start_runtimes(settings: Settings, agent_bundle: Path) -> NodeRuntimes:
     """Set up networking (nftables table, ip_forward) and probe every backend; reload their records."""
-    network = NetworkManager(NetConfig(cidr=settings.network_cidr))
+    network = NetworkManager(NetConfig(
+        cidr=settings.network_cidr, dns_servers=settings.dns_servers or None, table=settings.network_table,
+        netns_prefix=f"wr{settings.network_prefix}-" if settings.network_prefix else "wrn-",
+        veth_prefix=f"w{settings.network_prefix}" if settings.network_prefix else "wv",
+        egress_dir=settings.state_dir / "egress",
+        upstream_ca_file=str(settings.egress_upstream_ca) if settings.egress_upstream_ca else None,
+    ))
     await network.setup()
     cgroup_parent = settings.node_name
     disks = SandboxDisks(settings.state_dir, enabled=settings.disk_quota, size_mb=settings.sandbox_disk_mb)

@@ -1,15 +1,23 @@
-"""End-to-end fixtures: one real node per session, driven by the unmodified E2B SDK."""
+"""End-to-end fixtures: one real node per session, driven by the unmodified E2B SDK.
+
+``WARREN_E2E_DOMAIN=1`` runs that node in domain mode (``--domain warren.localhost:<port>``, HTTPS with
+a node CA): the SDK then gets only ``E2B_API_URL`` and ``E2B_DOMAIN``, no ``E2B_SANDBOX_URL``, so any
+suite here runs as a user of domain mode would run it.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import certifi
 import pytest
 from e2b import Sandbox
 
-from tests.framework.node import DEFAULT_CACHE, Node, running_node
+from tests.framework.node import DEFAULT_CACHE, DOMAIN_HOST, Node, running_node
+from warren.node_tls import ensure_node_certificate
 
 RUNTIMES = ["runc", "gvisor"]
 
@@ -21,12 +29,31 @@ def _need_root() -> None:
         pytest.skip(f"no built-in templates in {DEFAULT_CACHE}: run `warren setup` (scripts/setup.sh) first")
 
 
-@pytest.fixture(scope="session")
-def node(tmp_path_factory: pytest.TempPathFactory, patched_runsc: Path) -> Iterator[Node]:
+@pytest.fixture(scope="session", autouse=True)
+def node_ca(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The CA of every domain-mode node of the session, trusted by this process from the start.
+
+    The SDK builds its TLS clients once per process and reads ``SSL_CERT_FILE`` then, as a user's
+    program would: so the file (the usual public roots plus this CA) is in place before any test runs.
+    """
+    ca_dir = tmp_path_factory.mktemp("node-ca")
+    files = ensure_node_certificate(ca_dir, DOMAIN_HOST)
+    assert files.ca is not None
+    bundle = ca_dir / "bundle.pem"
+    bundle.write_bytes(Path(certifi.where()).read_bytes() + b"\n" + files.ca.read_bytes())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SSL_CERT_FILE", str(bundle))
+        yield ca_dir
+
+
+@contextmanager
+def e2e_node(tmp_path_factory: pytest.TempPathFactory, runsc: Path, domain_ca: Path | None) -> Iterator[Node]:
+    """A started node with ``base-gvisor`` imported (in domain mode with ``domain_ca``)."""
     _need_root()
     # Tests import rootfs copies they make under pytest's temp dir besides the built-in templates.
     roots = {"WARREN_IMPORT_ROOTS": f"{DEFAULT_CACHE}:{tmp_path_factory.getbasetemp()}"}
-    with running_node(tmp_path_factory.mktemp("node") / "state", runsc=patched_runsc, extra_env=roots) as n:
+    state = tmp_path_factory.mktemp("node") / "state"
+    with running_node(state, runsc=runsc, extra_env=roots, domain_ca=domain_ca) as n:
         with n.client() as c:
             src = str(DEFAULT_CACHE / "templates" / "base" / "rootfs")
             r = c.post("/warren/templates/import", json={"path": src, "name": "base-gvisor", "runtime": "gvisor"})
@@ -34,10 +61,19 @@ def node(tmp_path_factory: pytest.TempPathFactory, patched_runsc: Path) -> Itera
         yield n
 
 
+@pytest.fixture(scope="session")
+def node(tmp_path_factory: pytest.TempPathFactory, patched_runsc: Path, node_ca: Path) -> Iterator[Node]:
+    domain_ca = node_ca if os.environ.get("WARREN_E2E_DOMAIN") == "1" else None
+    with e2e_node(tmp_path_factory, patched_runsc, domain_ca) as n:
+        yield n
+
+
 @pytest.fixture(autouse=True)
 def _sdk_env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     if "node" in request.fixturenames:
         node = request.getfixturevalue("node")
+        for k in ("E2B_SANDBOX_URL", "E2B_DOMAIN"):
+            monkeypatch.delenv(k, raising=False)
         for k, v in node.env().items():
             monkeypatch.setenv(k, v)
 

@@ -24,6 +24,7 @@ from warren.runtime.base import (
     SandboxStats,
     SnapshotContents,
 )
+from warren.store import EgressPolicy
 
 
 class FakeAgent:
@@ -69,6 +70,7 @@ class FakeRuntime:
         self.fail_start = False
         self.restored_from: dict[str, str] = {}
         self.exported: Path | None = None
+        self.egress: dict[str, EgressPolicy] = {}
 
     def probe(self) -> RuntimeProbe:
         return RuntimeProbe(self.available, "" if self.available else "fake: unavailable")
@@ -118,6 +120,12 @@ class FakeRuntime:
         (dest / "upper").mkdir()
         (dest / "upper" / "from").write_text(sandbox_id)
         return SnapshotContents(memory=self.kind is RuntimeKind.GVISOR, runtime=self.kind, bytes=1)
+
+    async def update_egress(self, sandbox_id: str, egress: EgressPolicy) -> None:
+        self.egress[sandbox_id] = egress
+
+    def egress_ca(self) -> bytes:
+        return b"-----BEGIN CERTIFICATE-----\nfake\n-----END CERTIFICATE-----\n"
 
     async def restore(self, spec: SandboxSpec, snapshot: Path) -> SandboxHandle:
         if not (snapshot / "upper").is_dir():

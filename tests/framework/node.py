@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -16,6 +18,11 @@ from pathlib import Path
 import httpx
 
 DEFAULT_CACHE = Path(os.environ.get("WARREN_CACHE_DIR", "/var/cache/warren"))
+DOMAIN_HOST = "warren.localhost"
+"""Domain-mode nodes serve ``<port>-<id>.warren.localhost:<port>``. The SDK's resolver (pyqwest) maps every
+``*.localhost`` name to loopback (RFC 6761), so the unmodified SDK needs no /etc/hosts entry; Python's own
+resolver (glibc here) does not: tests that reach such names with httpx or websockets patch it
+(``tests.e2e.test_domain_mode.loopback_localhost``)."""
 
 
 def free_port() -> int:
@@ -43,6 +50,10 @@ class Node:
     proc: subprocess.Popen[bytes] | None = None
     extra_env: dict[str, str] = field(default_factory=lambda: {"WARREN_WARM_POOL": "0"})
     """The warm pool is off by default: most tests count or leak-check sandboxes."""
+    domain_ca: Path | None = None
+    """Domain mode (``--domain warren.localhost:<port>``) when set: the node CA directory (``ca.pem``,
+    ``ca-key.pem``) copied into the node's ``tls`` dir, so the node signs its leaf with a CA the test
+    process already trusts (``SSL_CERT_FILE`` must be set before the SDK makes its first TLS client)."""
     log_path: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -50,14 +61,26 @@ class Node:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.domain_ca else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def domain(self) -> str | None:
+        return f"{DOMAIN_HOST}:{self.port}" if self.domain_ca else None
 
     def env(self) -> dict[str, str]:
-        """What the E2B SDK needs to talk to this node."""
+        """What the E2B SDK needs to talk to this node: in domain mode no ``E2B_SANDBOX_URL``."""
+        if self.domain is not None:
+            return {"E2B_API_URL": f"https://api.{self.domain}", "E2B_DOMAIN": self.domain, "E2B_API_KEY": self.api_key}
         return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url, "E2B_API_KEY": self.api_key}
 
+    def verify(self) -> ssl.SSLContext | bool:
+        """How Python clients check this node's certificate (its CA in domain mode)."""
+        if self.domain_ca is None:
+            return True
+        return ssl.create_default_context(cafile=str(self.domain_ca / "ca.pem"))
+
     def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"X-API-Key": self.api_key}, timeout=60)
+        return httpx.Client(base_url=self.url, headers={"X-API-Key": self.api_key}, timeout=60, verify=self.verify())
 
     def start(self, timeout: float = 120.0) -> None:
         searchable_ancestors(self.state_dir)
@@ -69,6 +92,13 @@ class Node:
         ]  # fmt: skip
         if self.runsc is not None:
             argv += ["--runsc", str(self.runsc)]
+        if self.domain_ca is not None and self.domain is not None:
+            argv += ["--domain", self.domain]
+            tls = self.state_dir / "tls"
+            tls.mkdir(parents=True, exist_ok=True, mode=0o700)
+            for name in ("ca.pem", "ca-key.pem"):
+                if not (tls / name).exists():
+                    shutil.copy(self.domain_ca / name, tls / name)
         env = {**os.environ, "WARREN_API_KEY": self.api_key, "PYTHONUNBUFFERED": "1", **self.extra_env}
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -78,7 +108,7 @@ class Node:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"warren serve exited with {self.proc.returncode}:\n{self.log_tail()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                if httpx.get(f"{self.url}/health", timeout=1, verify=self.verify()).status_code == 200:
                     return
             time.sleep(0.05)
         self.stop(signal.SIGKILL)
@@ -108,13 +138,18 @@ class Node:
 
 @contextlib.contextmanager
 def running_node(
-    state_dir: Path, runsc: Path | None = None, extra_env: dict[str, str] | None = None
+    state_dir: Path,
+    runsc: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+    domain_ca: Path | None = None,
 ) -> Iterator[Node]:
-    """A started node; the warm pool is off unless ``extra_env`` says otherwise (tests count sandboxes)."""
+    """A started node; the warm pool is off unless ``extra_env`` says otherwise (tests count sandboxes).
+    ``domain_ca``: in domain mode, with that node CA (see :attr:`Node.domain_ca`)."""
     env = {"WARREN_WARM_POOL": "0", **(extra_env or {})}
     node = Node(
-        state_dir=state_dir, port=free_port(), api_key="wrn_test_" + os.urandom(8).hex(), runsc=runsc, extra_env=env
-    )
+        state_dir=state_dir, port=free_port(), api_key="wrn_test_" + os.urandom(8).hex(), runsc=runsc, extra_env=env,
+        domain_ca=domain_ca,
+    )  # fmt: skip
     node.start()
     try:
         yield node

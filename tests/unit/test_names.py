@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from warren.errors import InvalidRequestError
-from warren.names import validate_name
+from warren.names import split_reference, validate_name, validate_tags
 
 
 @pytest.mark.parametrize("name", ["app", "my-env:v1.0", "a.b_c", "X9", "base:latest", "n:_tag", "x" * 128, "template"])
@@ -38,3 +38,30 @@ def test_id_forms_are_reserved(name: str) -> None:
 def test_non_strings(name: object) -> None:
     with pytest.raises(InvalidRequestError, match="snapshot"):
         validate_name(name, "snapshot")
+
+
+@pytest.mark.parametrize(
+    ("ref", "parts"),
+    [("app", ("app", None)), ("app:v1", ("app", "v1")), ("app:V1.0", ("app", "v1.0")),
+     ("app:default", ("app", "default")), ("app: x ", ("app", "x"))],
+)
+def test_split_reference(ref: str, parts: tuple[str, str | None]) -> None:
+    assert split_reference(ref) == parts
+
+
+@pytest.mark.parametrize("ref", ["app:", "app:a b", "app:a/b", "app:a:b", "app:3f2c8b6e-5d3a-4f7e-9b1a-2c4d6e8f0a1b"])
+def test_split_reference_bad_tag(ref: str) -> None:
+    with pytest.raises(InvalidRequestError, match="tag"):
+        split_reference(ref)
+
+
+def test_validate_tags_lowercases_and_deduplicates() -> None:
+    assert validate_tags(["Prod", "stable", "prod", " x_y-z.1 "]) == ["prod", "stable", "x_y-z.1"]
+
+
+@pytest.mark.parametrize(
+    "tags", [["bad tag"], ["é"], ["3F2C8B6E-5D3A-4F7E-9B1A-2C4D6E8F0A1B"], [""], ["a:b"], "abc", [3]]
+)
+def test_validate_tags_refuses(tags: object) -> None:
+    with pytest.raises(InvalidRequestError, match="tag"):
+        validate_tags(tags)

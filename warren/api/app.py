@@ -12,7 +12,7 @@ from ..errors import WarrenError
 from .auth import key_matches
 from .errors import error_response, unhandled_error_handler, warren_error_handler
 from .proxy import SandboxProxy
-from .routes import builtin, images, node, runtimes, sandboxes, snapshots, templates
+from .routes import builtin, images, logs, node, runtimes, sandboxes, snapshots, templates
 from .services import Services
 
 
@@ -62,7 +62,8 @@ def create_app(services: Services, *, max_keepalive: int = 512) -> tuple[ASGIApp
     """The ASGI app of a node and its proxy (whose HTTP client the caller closes)."""
     router = Starlette(
         routes=[
-            *sandboxes.ROUTES, *snapshots.ROUTES, *runtimes.ROUTES, *templates.ROUTES, *images.ROUTES, *builtin.ROUTES,
+            *sandboxes.ROUTES, *logs.ROUTES, *snapshots.ROUTES, *runtimes.ROUTES, *templates.ROUTES, *images.ROUTES,
+            *builtin.ROUTES,
             *node.ROUTES,
         ],
         exception_handlers={
@@ -77,6 +78,9 @@ def create_app(services: Services, *, max_keepalive: int = 512) -> tuple[ASGIApp
         services.manager.route,
         services.settings.domain,
         wake=services.manager.wake,
+        traffic_token=services.manager.traffic_token,
+        ended=services.manager.ended,
         max_keepalive=max_keepalive,
+        token_holder=services.manager.holder_of_token,
     )
     return _OriginFormOnly(proxy), proxy

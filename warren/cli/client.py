@@ -57,10 +57,10 @@ class ApiClient:
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)
 
-    def list_all(self, path: str) -> list[Any]:
+    def list_all(self, path: str, query: dict[str, str] | None = None) -> list[Any]:
         """GET a paginated E2B list, following ``x-next-token`` until the server stops sending one."""
         items: list[Any] = []
-        params: dict[str, str] = {}
+        params: dict[str, str] = dict(query or {})
         for _ in range(MAX_PAGES):
             response = self._send("GET", path, params=params)
             page = _decode(response, "GET", path)
@@ -70,7 +70,7 @@ class ApiClient:
             token = response.headers.get("x-next-token")
             if not token or not page:
                 break
-            params = {"nextToken": token}
+            params = {**(query or {}), "nextToken": token}
         return items
 
     def put_content(self, url: str, content: IO[bytes], headers: dict[str, str], *, timeout: float) -> None:

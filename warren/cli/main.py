@@ -4,6 +4,8 @@ warren serve --listen 127.0.0.1:3000 --state-dir /var/lib/warren
 warren setup
 warren start base                  # start a sandbox and open a shell in it
 warren ls | warren exec ID -- CMD | warren shell ID | warren rm ID | warren timeout ID SECONDS
+warren pause ID | warren resume ID | warren fork ID -n N | warren metrics ID | warren logs ID
+warren snapshot create ID [--name NAME] | warren snapshot ls | warren snapshot rm ID
 warren templates [ls|inspect|rm] | warren template import DIR --name NAME
 warren pull IMAGE --name NAME | warren build -f Dockerfile --name NAME [CONTEXT]
 """
@@ -16,7 +18,7 @@ import typer
 from typer.core import TyperGroup
 
 from warren import __version__
-from warren.cli import build_cmds, node_cmds, sandbox_cmds, template_cmds
+from warren.cli import build_cmds, lifecycle_cmds, node_cmds, sandbox_cmds, template_cmds
 from warren.cli.client import CliError
 from warren.cli.output import print_error
 from warren.errors import WarrenError
@@ -43,6 +45,7 @@ app = typer.Typer(
 )
 node_cmds.register(app)
 sandbox_cmds.register(app)
+lifecycle_cmds.register(app)
 template_cmds.register(app)
 build_cmds.register(app)
 

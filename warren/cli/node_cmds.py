@@ -48,8 +48,18 @@ def serve(
         typer.Option("--runsc", envvar="WARREN_RUNSC", help="runsc binary for gVisor (default: from PATH)."),
     ] = None,
     domain: Annotated[
-        str | None, typer.Option("--domain", help="Domain for <port>-<id>.<domain> host routing.")
+        str | None,
+        typer.Option(
+            "--domain",
+            help="Domain mode: sandboxes at https://<port>-<id>.<domain> (add :PORT when not on 443); "
+            "the SDK then needs only E2B_API_URL and E2B_DOMAIN.",
+        ),
     ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option("--tls-cert", help="Certificate (PEM) for <domain> and *.<domain>; default: the node makes one."),
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option("--tls-key", help="Private key (PEM) of --tls-cert.")] = None,
 ) -> None:
     """Run a warren node until SIGTERM or SIGINT."""
     host, port = parse_listen(listen)
@@ -62,6 +72,7 @@ def serve(
         "runsc_path": runsc,
         "domain": domain,
     }
+    fields.update({k: v for k, v in (("tls_cert", tls_cert), ("tls_key", tls_key)) if v is not None})
     if hasattr(settings_cls, "from_env"):  # applies the node's own WARREN_* variables (api key, ...)
         settings = settings_cls.from_env(state_dir, **fields)
     else:

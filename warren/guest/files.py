@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import errno
+import logging
 import os
 import stat
 import time
@@ -17,16 +18,17 @@ from _operator import _compare_digest
 from collections.abc import Awaitable, Callable
 from typing import BinaryIO
 
+from . import metadata as meta
 from .errors import HttpError
 from .server import Request, Response
 from .state import Agent
 from .users import PathError, User, chown, ensure_dirs, resolve_path
 
+_log = logging.getLogger(__name__)
+
 CHUNK = 64 * 1024
 GZIP_LEVEL = 1
 """Fast compression: the agent shares the sandbox's CPU with the workload."""
-METADATA_HEADER = "x-metadata-"
-METADATA_PREFIX = "user.e2b."
 
 _CONTENT_TYPES = {
     ".txt": "text/plain; charset=utf-8",
@@ -263,29 +265,26 @@ class _Gunzip:
 
 
 def _metadata(request: Request) -> dict[str, str]:
-    return {k[len(METADATA_HEADER) :]: v for k, v in request.headers.items() if k.startswith(METADATA_HEADER)}
-
-
-def _apply_metadata(path: str, metadata: dict[str, str]) -> None:
-    """Store metadata as ``user.e2b.*`` xattrs, replacing what was there (best effort)."""
+    found = meta.from_headers(request.headers)
     try:
-        existing = [n for n in os.listxattr(path) if n.startswith(METADATA_PREFIX)]
-    except OSError:
-        existing = []
-    for name in existing:
-        if name[len(METADATA_PREFIX) :] not in metadata:
-            try:
-                os.removexattr(path, name)
-            except OSError:
-                pass
-    for key, value in metadata.items():
-        try:
-            os.setxattr(path, METADATA_PREFIX + key, value.encode())
-        except OSError:
-            pass
+        meta.validate(found)
+    except meta.MetadataError as exc:
+        raise HttpError(400, f"invalid metadata: {exc}") from None
+    return found
 
 
-async def _write_file(path: str, read: Reader, user: User) -> None:
+def _store_metadata(fd: int, path: str, metadata: dict[str, str]) -> None:
+    """Replace the file's metadata (always: an upload without any clears what an earlier one set)."""
+    try:
+        if not meta.write(fd, metadata) and metadata:
+            _log.warning("%s: the filesystem has no extended attributes; metadata not stored", path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.E2BIG):
+            raise HttpError(507, f"not enough space for file metadata: {exc}") from None
+        raise HttpError(500, f"error writing file metadata: {exc}") from None
+
+
+async def _write_file(path: str, read: Reader, user: User, metadata: dict[str, str]) -> None:
     """Write one uploaded file: parents created (and chowned), file truncated, owned by ``user``."""
     try:
         ensure_dirs(os.path.dirname(path) or "/", user.uid, user.gid)
@@ -314,12 +313,18 @@ async def _write_file(path: str, read: Reader, user: User) -> None:
                         raise HttpError(507, "not enough disk space available") from None
                     raise HttpError(500, f"error writing file: {exc}") from None
                 view = view[n:]
+        _store_metadata(fd, path, metadata)
     finally:
         os.close(fd)
 
 
-def _entry(path: str) -> dict[str, str]:
-    return {"name": os.path.basename(path), "type": "file", "path": path}
+def _entry(path: str) -> dict[str, object]:
+    """The upload's answer for one file; its metadata is read back, so it shows what was stored."""
+    entry: dict[str, object] = {"name": os.path.basename(path), "type": "file", "path": path}
+    stored = meta.read(path)
+    if stored:
+        entry["metadata"] = stored
+    return entry
 
 
 async def post_files(agent: Agent, request: Request, response: Response) -> None:
@@ -330,13 +335,12 @@ async def post_files(agent: Agent, request: Request, response: Response) -> None
     media = media.strip().lower()
     metadata = _metadata(request)
     query_path = request.query.get("path")
-    written: list[dict[str, str]] = []
+    written: list[dict[str, object]] = []
     if media == "application/octet-stream":
         if query_path is None:
             raise HttpError(400, "path query parameter is required for raw body upload")
         path = _resolve(agent, user, query_path)
-        await _write_file(path, read, user)
-        _apply_metadata(path, metadata)
+        await _write_file(path, read, user, metadata)
         written.append(_entry(path))
     elif media.startswith("multipart/"):
         from .multipart import MultipartError, MultipartReader, parse_disposition
@@ -361,8 +365,7 @@ async def post_files(agent: Agent, request: Request, response: Response) -> None
                         400,
                         f"you cannot upload multiple files to the same path '{path}' in one upload request",
                     )
-                await _write_file(path, parts.read, user)
-                _apply_metadata(path, metadata)
+                await _write_file(path, parts.read, user, metadata)
                 written.append(_entry(path))
         except MultipartError as exc:
             raise HttpError(400, f"error parsing multipart form: {exc}") from None

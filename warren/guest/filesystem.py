@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from .connect import Call, Message, Method, get_bool, get_int, get_str, server_stream, unary
 from .errors import RpcError, rpc_error_from_os
+from .metadata import read as read_metadata
+from .mounts import is_network_mount
 from .users import Accounts, PathError, User, ensure_dirs, resolve_path
 from .watch import Watcher, start_watcher
 
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
 MAX_STORED_EVENTS = 10_000
 """Events a watcher holds for its client: a CreateWatcher watcher keeps the newest this many between
 two GetWatcherEvents; a WatchDir stream drops new events while this many wait to be sent."""
-METADATA_PREFIX = "user.e2b."
 
 _TYPE_FILE = "FILE_TYPE_FILE"
 _TYPE_DIR = "FILE_TYPE_DIRECTORY"
@@ -84,24 +85,6 @@ def rfc3339(ns: int) -> str:
     return text + "Z"
 
 
-def read_metadata(path: str) -> dict[str, str]:
-    """``user.e2b.*`` extended attributes (the SDK's file metadata)."""
-    try:
-        names = os.listxattr(path, follow_symlinks=False)
-    except OSError:
-        return {}
-    out: dict[str, str] = {}
-    for name in names:
-        if name.startswith(METADATA_PREFIX):
-            try:
-                out[name[len(METADATA_PREFIX) :]] = os.getxattr(path, name, follow_symlinks=False).decode(
-                    "utf-8", "replace"
-                )
-            except OSError:
-                continue
-    return out
-
-
 def entry_info(accounts: Accounts, path: str, *, report_path: str | None = None) -> Message:
     """The EntryInfo of ``path`` (not following a final symlink; its target's type is reported)."""
     st = os.lstat(path)
@@ -134,7 +117,7 @@ def entry_info(accounts: Accounts, path: str, *, report_path: str | None = None)
     if target is not None:
         info["symlinkTarget"] = target
         info["isSymlink"] = True
-    metadata = read_metadata(path)
+    metadata = read_metadata(path)  # through a final symlink, as envd reads them
     if metadata:
         info["metadata"] = metadata
     return info
@@ -294,16 +277,23 @@ def _watch_args(call: Call, msg: Message) -> tuple[str, bool, bool]:
         raise rpc_error_from_os(exc, "error statting path") from None
     if not stat.S_ISDIR(st.st_mode):
         raise RpcError("invalid_argument", f"path {path} not a directory")
+    if not get_bool(msg, "allow_network_mounts") and is_network_mount(path):
+        raise RpcError("invalid_argument", f"cannot watch path on network filesystem: {path}")
     return path, bool(get_bool(msg, "recursive")), bool(get_bool(msg, "include_entry"))
+
+
+_CARRY_ENTRY = frozenset({"CREATE", "WRITE", "CHMOD"})
+"""Events whose path still names their entry (envd's opCarriesEntry): a remove or rename never carries
+one, as a stat could find a replacement made at the same path since."""
 
 
 def _event(accounts: Accounts, root: str, path: str, kind: str, include_entry: bool) -> Message:
     event: Message = {"name": os.path.relpath(path, root), "type": f"EVENT_TYPE_{kind}"}
-    if include_entry:
+    if include_entry and kind in _CARRY_ENTRY:
         try:
             event["entry"] = entry_info(accounts, path)
         except OSError:
-            pass  # gone already (remove, rename away)
+            pass  # gone already (removed or renamed since)
     return event
 
 

@@ -177,8 +177,10 @@ class AgentClient:
         envs: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
         on_output: OutputCallback | None = None,
+        on_start: Callable[[int], None] | None = None,
     ) -> ProcessResult:
-        """Run a process to its end. A timeout kills it (agent side) and sets ``timed_out``."""
+        """Run a process to its end. A timeout kills it (agent side) and sets ``timed_out``.
+        ``on_start(pid)`` is called once the agent started it."""
         headers = self._stream_headers(user, timeout_s)
         out: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
         pid = 0
@@ -201,6 +203,8 @@ class AgentClient:
                     event = message.get("event") or {}
                     if "start" in event:
                         pid = int(event["start"].get("pid", 0))
+                        if on_start is not None:
+                            on_start(pid)
                     elif "data" in event:
                         for stream, raw in event["data"].items():
                             if stream not in ("stdout", "stderr", "pty"):

@@ -16,17 +16,31 @@ from .. import phases
 from ..config import Settings
 from ..errors import InvalidRequestError, NotFoundError, RuntimeFailure
 from ..ids import new_sandbox_id
+from ..names import DEFAULT_TAG, split_reference
 from ..runtime.base import Resources, RuntimeKind, SandboxSpec
+from ..runtime.oci.layout import SandboxPaths
 from ..runtime.registry import StagedRuntime
 from ..snapshots import SnapshotRepository
-from ..store import LifecyclePolicy, RuntimeBinding, SandboxRecord, TemplateRepo
+from ..store import (
+    EgressPolicy,
+    IngressPolicy,
+    LifecyclePolicy,
+    Requested,
+    RuntimeBinding,
+    SandboxRecord,
+    TemplateRecord,
+    TemplateRepo,
+    build_id_of,
+)
 from .agent import DEFAULT_USER, init_agent, init_sandbox, wait_healthy
 from .capacity import Capacity
+from .egress import install_egress_ca
 from .origin import Origin
 from .pool import Pooled, WarmPool
 from .requests import CreateRequest, ttl_seconds
 from .runtimes import AGENT_START_DEADLINE_S, RuntimeSet
 from .sandbox import Sandbox
+from .sandboxlogs import LogLine, SandboxLogs, agent_lines
 from .startcmd import run_start_command
 from .states import SandboxState
 from .table import SandboxTable
@@ -55,8 +69,16 @@ class Launch:
     env_vars: Mapping[str, str] = field(default_factory=dict)
     secure: bool = True
     allow_internet: bool = True
+    public_traffic: bool = True
     policy: LifecyclePolicy = field(default_factory=LifecyclePolicy)
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
     use_pool: bool = True
+    requested: Requested = field(default_factory=Requested)
+
+
+def _ingress(public: bool) -> IngressPolicy:
+    """A private sandbox gets its own traffic token (E2B makes one per sandbox id: forks get new ones)."""
+    return IngressPolicy() if public else IngressPolicy(public=False, traffic_token=secrets.token_urlsafe(24))
 
 
 class Launcher:
@@ -78,31 +100,63 @@ class Launcher:
         self._templates = templates
         self._snapshots = snapshots
         self._clock = clock
+        self.logs = SandboxLogs(clock)
+        """The start commands' output (:mod:`warren.orchestrator.sandboxlogs`)."""
         self.pool = WarmPool(self._pool_start, self._pool_stop, default_size=settings.warm_pool_size,
                              room=capacity.pool_room)  # fmt: skip
         capacity.attach_pool(self.pool)
 
     async def create(self, req: CreateRequest) -> SandboxRecord:
         """A new sandbox from a template, or from a snapshot named by id or name."""
-        origin = await self.resolve(req.template)
+        origin, current = await self._resolve(req.template)
         return await self.launch(
             Launch(
                 origin,
+                use_pool=current,
                 runtime=req.runtime,
                 timeout_s=req.timeout_s,
                 metadata=req.metadata,
                 env_vars={**origin.env_vars, **req.env_vars},
                 secure=req.secure,
                 allow_internet=req.allow_internet,
+                public_traffic=req.public_traffic,
                 policy=req.lifecycle or LifecyclePolicy(),
+                egress=req.egress,
+                requested=req.requested,
             )
         )
 
     async def resolve(self, name: str) -> Origin:
-        """A template by id or name (its sealed memory snapshot when it has one), else a snapshot.
+        """A template by id, name or ``name:tag`` (its sealed memory snapshot when it has one), else a snapshot.
 
         The snapshot repository reads manifests from disk: that runs in a worker thread."""
+        return (await self._resolve(name))[0]
+
+    async def _resolve(self, name: str) -> tuple[Origin, bool]:
+        """The origin, and whether it is a template's current build (what its warm pool holds)."""
         template = await self._templates.find(name)
+        if template is None and ":" in name:
+            template, current = await self._tagged(name)
+            if template is not None and not current:
+                return Origin.of_template(template), False
+        return await self._resolve_current(name, template), True
+
+    async def _tagged(self, name: str) -> tuple[TemplateRecord | None, bool]:
+        """``name:tag``: the build the tag names and whether it is the template's current one; None
+        when no template has that name, or none has the tag but a snapshot has the whole name."""
+        base, tag = split_reference(name)
+        template = await self._templates.find(base)
+        if template is None:
+            return None, True
+        build = await self._templates.tags.build(template, tag or DEFAULT_TAG)
+        if build is None:
+            snapshots = self._snapshots
+            if snapshots is not None and await asyncio.to_thread(snapshots.find, name) is not None:
+                return None, True
+            raise NotFoundError(f"template '{base}' with tag '{tag}' not found")
+        return build, build_id_of(build) == build_id_of(template)
+
+    async def _resolve_current(self, name: str, template: TemplateRecord | None) -> Origin:
         snapshots = self._snapshots
         if snapshots is None:
             if template is None:
@@ -119,6 +173,12 @@ class Launcher:
             raise NotFoundError(f"template '{name}' not found")
         return Origin.of_snapshot(manifest, snapshots.data_dir(manifest.snapshot_id))
 
+    async def sandbox_logs(self, sandbox_id: str) -> list[LogLine]:
+        """The start command's output and the agent's log (the tail of its ``runtime.log``), oldest first."""
+        agent_log = SandboxPaths(self._settings.state_dir / "sandboxes" / sandbox_id).log
+        agent = await asyncio.to_thread(agent_lines, agent_log)
+        return sorted([*agent, *self.logs.lines(sandbox_id)], key=lambda line: line.at)
+
     async def launch(self, launch: Launch) -> SandboxRecord:
         """Start one sandbox and hand it its /init, holding a slot of the node's cap throughout (429
         before anything is made when none is free).
@@ -132,7 +192,7 @@ class Launcher:
             if source is not None and kind.value != launch.origin.runtime:
                 raise InvalidRequestError(f"a {launch.origin.runtime} snapshot cannot start under {kind.value}")
             self._runtimes.available(kind)
-            usable = launch.use_pool and source is None and launch.allow_internet
+            usable = launch.use_pool and source is None and launch.allow_internet and launch.egress.is_open
             pooled = self.pool.claim(launch.origin, kind) if usable else None
             phases.qualify(f"{kind.value}-{'pool' if pooled else 'snapshot' if source else 'cold'}")
             if pooled is not None:
@@ -168,8 +228,11 @@ class Launcher:
             allow_internet=launch.allow_internet,
             image=origin.image(),
             policy=launch.policy,
+            egress=launch.egress,
             binding=RuntimeBinding(runtime_hash=staged.runtime_hash if staged else None),
             origin=origin.snapshot_id,
+            requested=launch.requested,
+            ingress=_ingress(launch.public_traffic),
         )
 
     async def _claim(self, launch: Launch, pooled: Pooled) -> SandboxRecord:
@@ -231,9 +294,17 @@ class Launcher:
         await wait_healthy(handle.address, handle.agent_port, deadline)
         previous = pooled.access_token if pooled else origin.agent_token
         await init_sandbox(sandbox.record, handle.address, handle.agent_port, previous_token=previous)
-        await run_start_command(
-            origin, handle, sandbox.record.access_token, fresh=source is None, settings=self._settings
-        )
+        if sandbox.record.egress.rules:
+            runtime = self._runtimes.of(sandbox.kind)
+            await install_egress_ca(handle.address, handle.agent_port, sandbox.record.access_token, runtime.egress_ca())
+        # The start command's output is followed on runc only: a gVisor checkpoint (pause, snapshot,
+        # the template's seal) panics in runsc while the node holds that stream open.
+        followed = sandbox.kind is RuntimeKind.RUNC and bool(origin.start_cmd) and source is None
+        if followed:
+            self.logs.prune(self._table.known_ids())
+        await run_start_command(origin, handle, sandbox.record.access_token, fresh=source is None,
+                                settings=self._settings, logs=self.logs if followed else None,
+                                sandbox_id=sandbox.id)  # fmt: skip
         await sandbox.set_state(SandboxState.RUNNING)
         self._table.exits.watch(sandbox.id, handle.init_pid)
 

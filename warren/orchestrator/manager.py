@@ -8,6 +8,7 @@
     Timers/Reaper  TTL expiry (a task group, bounded concurrency) and sandboxes whose init exited
     Recovery       what a start finds in the store, settled against the runtimes
     Snapshotter    snapshots, forks, gVisor templates sealed as memory snapshots
+    MetricsSampler a 5 s series of each running sandbox's counters (one task for the node)
 
 :func:`compose` builds the parts from the node's services; tests plug fakes in at the same seams
 (the runtimes, the record store, the clock, the fault injector).
@@ -23,18 +24,30 @@ from dataclasses import dataclass
 from ..config import Settings
 from ..errors import ConflictError, UnavailableError, WarrenError
 from ..ids import new_sandbox_id
-from ..runtime.base import AGENT_PORT, Runtime, RuntimeKind, SandboxStats
+from ..runtime.base import AGENT_PORT, Runtime, RuntimeKind
 from ..runtime.registry import RuntimeRegistry
 from ..snapshots import SnapshotManifest, SnapshotRepository
-from ..store import LifecyclePolicy, SandboxRecord, SandboxRepo, TemplateRecord, TemplateRepo
+from ..store import (
+    EgressPolicy,
+    LifecyclePolicy,
+    NetworkConfig,
+    SandboxRecord,
+    SandboxRepo,
+    TemplateRecord,
+    TemplateRepo,
+)
 from .capacity import Capacity
+from .egress import update_network
 from .faults import NO_FAULTS, Faults
 from .launcher import Launcher, template_snapshot_name
-from .metrics import CpuMeter
+from .metrics import MetricSample
 from .pool import WarmPool
 from .recovery import Recovery
 from .requests import CreateRequest, ListQuery
 from .runtimes import RuntimeSet
+from .sampler import MetricsSampler
+from .sandbox import Sandbox
+from .sandboxlogs import LogLine, SandboxLogs
 from .snapshotting import MAX_FORKS, Snapshotter
 from .states import SandboxState
 from .table import SandboxTable
@@ -53,6 +66,7 @@ class Parts:
     reaper: Reaper
     recovery: Recovery
     snapshotter: Snapshotter
+    sampler: MetricsSampler
 
 
 def compose(
@@ -92,6 +106,7 @@ def compose(
             snapshots=snapshots,
             clock=clock,
         ),
+        sampler=MetricsSampler(table, rset, clock),
     )
 
 
@@ -125,12 +140,19 @@ class SandboxManager:
     def _init(self, parts: Parts) -> None:
         self._parts = parts
         self._draining = False
-        self._cpu = CpuMeter()
-        parts.table.on_removed(self._cpu.forget)
 
     @property
     def pool(self) -> WarmPool:
         return self._parts.launcher.pool
+
+    @property
+    def logs(self) -> SandboxLogs:
+        return self._parts.launcher.logs
+
+    async def sandbox_logs(self, sandbox_id: str) -> builtins.list[LogLine]:
+        """The start command's output and the agent's log of a sandbox the API may see, oldest first."""
+        self._parts.table.get(sandbox_id)
+        return await self._parts.launcher.sandbox_logs(sandbox_id)
 
     # ----- admission -------------------------------------------------------------------------------
 
@@ -154,8 +176,22 @@ class SandboxManager:
     def route(self, sandbox_id: str) -> tuple[str, SandboxState] | None:
         return self._parts.table.route(sandbox_id)
 
+    def traffic_token(self, sandbox_id: str) -> str | None:
+        """The token traffic to a private sandbox's ports must carry; None: public, or unknown here."""
+        sandbox = self._parts.table.lookup(sandbox_id)
+        if sandbox is None or sandbox.record.ingress.public:
+            return None
+        return sandbox.record.ingress.traffic_token
+
+    def holder_of_token(self, token: str) -> str | None:
+        return self._parts.table.holder_of_token(token)
+
     def list(self, query: ListQuery) -> tuple[builtins.list[SandboxRecord], str | None]:
         return self._parts.table.list(query)
+
+    def ended(self, sandbox_id: str) -> bool:
+        """Whether this node lately held a sandbox under this id that is gone (killed, timed out, died)."""
+        return self._parts.table.ended(sandbox_id)
 
     def count(self) -> int:
         return len(self._parts.table)
@@ -177,11 +213,15 @@ class SandboxManager:
     def lifecycle(self, sandbox_id: str) -> LifecyclePolicy:
         return self._parts.transitions.policy(sandbox_id)
 
-    async def metrics(self, sandbox_id: str) -> tuple[SandboxStats, float]:
-        """Current counters and CPU use in percent since the previous call (0 the first time)."""
-        sandbox = self._parts.table.get(sandbox_id)
-        stats = await self._parts.runtimes.of(sandbox.kind).stats(sandbox_id)
-        return stats, self._cpu.percent(sandbox_id, stats)
+    async def metrics(
+        self, sandbox_id: str, start: int | None = None, end: int | None = None
+    ) -> builtins.list[MetricSample]:
+        """The sandbox's 5 s samples within ``[start, end]`` (Unix seconds), oldest first."""
+        return await self._parts.sampler.series(sandbox_id, start, end)
+
+    async def latest_metrics(self, sandbox_ids: builtins.list[str]) -> dict[str, MetricSample]:
+        """The newest sample of each known sandbox among ``sandbox_ids``."""
+        return await self._parts.sampler.latest(sandbox_ids)
 
     # ----- lifecycle -------------------------------------------------------------------------------
 
@@ -190,6 +230,11 @@ class SandboxManager:
         record = await self._parts.launcher.create(req)
         self._parts.timers.changed()
         return record
+
+    async def update_network(self, sandbox_id: str, egress: EgressPolicy,
+                             asked: NetworkConfig | None = None) -> SandboxRecord:
+        """``PUT /sandboxes/{id}/network``: replace the sandbox's egress policy."""
+        return await update_network(self._parts.table, self._parts.runtimes, sandbox_id, egress, asked)
 
     async def kill(self, sandbox_id: str) -> None:
         await self._parts.transitions.kill(sandbox_id)
@@ -221,13 +266,21 @@ class SandboxManager:
     async def wake(self, sandbox_id: str) -> str | None:
         """For proxy traffic to a paused sandbox: resume it if it auto-resumes and return its address.
 
-        None when it does not auto-resume (the proxy answers 410). Concurrent callers share one
+        None when it does not auto-resume (the proxy answers 502, saying it is paused), unless a connect
+        is resuming it right now: then the traffic waits for that resume. Concurrent callers share one
         resume: they queue on the sandbox's lock and find it running.
         """
         if not self._parts.transitions.policy(sandbox_id).auto_resume:
-            return None
+            sandbox = self._parts.table.get(sandbox_id)
+            return await self._resumed(sandbox) if sandbox.state is SandboxState.RESUMING else None
         record, _ = await self.connect(sandbox_id, None)
         return record.address
+
+    async def _resumed(self, sandbox: Sandbox) -> str | None:
+        """The address of a sandbox a connect is resuming, once that ends (None if it did not run)."""
+        async with sandbox.lock:  # the connect holds the lock until the sandbox runs (or failed)
+            running = sandbox.state is SandboxState.RUNNING and self._parts.table.holds(sandbox)
+            return sandbox.record.address if running else None
 
     # ----- snapshots -------------------------------------------------------------------------------
 
@@ -258,6 +311,10 @@ class SandboxManager:
     async def run_timers(self) -> None:
         """Apply TTL timeouts for the node's lifetime."""
         await self._parts.timers.run()
+
+    async def run_metrics(self) -> None:
+        """Sample every running sandbox each 5 s bucket, for the node's lifetime."""
+        await self._parts.sampler.run()
 
     async def run_reaper(self) -> None:
         """Remove sandboxes whose init exited while running, for the node's lifetime."""

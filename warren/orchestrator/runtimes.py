@@ -64,4 +64,5 @@ class RuntimeSet:
             layers=tuple(Path(p) for p in record.image.layers),
             resources=Resources(cpu_count=record.cpu_count, memory_mb=record.memory_mb, disk_mb=record.disk_mb),
             allow_internet=record.allow_internet,
+            egress=record.egress,
         )

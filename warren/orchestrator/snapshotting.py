@@ -27,7 +27,8 @@ from .transitions import Transitions
 
 log = logging.getLogger(__name__)
 
-MAX_FORKS = 20
+MAX_FORKS = 100
+"""E2B's limit (``SandboxForkRequest.count``, 1-100)."""
 _FOLLOW_DEADLINE_S = 30.0
 _SEAL_TIMEOUT_S = 600
 
@@ -138,9 +139,10 @@ class Snapshotter:
         """
         if not 1 <= count <= MAX_FORKS:
             raise InvalidRequestError(f"count must be between 1 and {MAX_FORKS}")
+        sandbox = self._table.get(sandbox_id)
+        sandbox.require(SandboxState.RUNNING)  # 409 for a paused source, before the node's cap (429)
         self._capacity.check(count, f"forking {count} sandbox{'es' if count > 1 else ''}")  # before any snapshot
         repo = self._repo()
-        sandbox = self._table.get(sandbox_id)
         async with repo.writing("fork-" + new_sandbox_id()) as data:
             async with sandbox.lock:
                 sandbox.require(SandboxState.RUNNING)
@@ -154,7 +156,10 @@ class Snapshotter:
                 env_vars=source.env_vars,
                 secure=source.access_token is not None,
                 allow_internet=source.allow_internet,
+                public_traffic=source.ingress.public,
                 policy=source.policy,
+                egress=source.egress,
+                requested=source.requested,
             )
 
             async def child() -> SandboxRecord | WarrenError:

@@ -10,18 +10,23 @@ from __future__ import annotations
 import base64
 import builtins
 import logging
+import math
+import secrets
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 from ..errors import InvalidRequestError, NotFoundError
 from ..runtime.base import Runtime, RuntimeKind
 from ..store import SandboxRecord
 from .exits import ExitWatcher
-from .requests import ListQuery
+from .requests import ListQuery, Order
 from .sandbox import RecordStore, Sandbox
 from .states import SandboxState, public_state
 
 log = logging.getLogger(__name__)
 
+_ENDED_KEPT = 4096
+"""How many ids of sandboxes that left the table are remembered (so the proxy can say "killed")."""
 _HIDDEN = frozenset({SandboxState.CREATING, SandboxState.KILLING})
 """States the API does not show: a create not finished, a sandbox being torn down."""
 
@@ -34,6 +39,7 @@ class SandboxTable:
         self.exits = ExitWatcher()
         self._removal_listeners: list[Callable[[str], Awaitable[None]]] = []
         self._freed: list[Callable[[], None]] = []
+        self._ended: OrderedDict[str, None] = OrderedDict()
 
     # ----- membership ------------------------------------------------------------------------------
 
@@ -91,6 +97,14 @@ class SandboxTable:
             return None
         return sandbox.record.address, sandbox.state
 
+    def holder_of_token(self, token: str) -> str | None:
+        """The id of the sandbox whose envd access token this is, if any (compared in constant time)."""
+        for sandbox_id, sandbox in self._live.items():
+            held = sandbox.record.access_token
+            if held and secrets.compare_digest(held.encode(), token.encode()):
+                return sandbox_id
+        return None
+
     def count_in(self, states: frozenset[SandboxState]) -> int:
         return sum(1 for sb in self._live.values() if sb.state in states)
 
@@ -100,20 +114,29 @@ class SandboxTable:
     def known_ids(self) -> set[str]:
         return set(self._live)
 
+    def ended(self, sandbox_id: str) -> bool:
+        """Whether a sandbox under this id left the table lately (killed, timed out, died)."""
+        return sandbox_id in self._ended and sandbox_id not in self._live
+
     def list(self, query: ListQuery) -> tuple[builtins.list[SandboxRecord], str | None]:
-        """Filtered, ordered by start time; returns one page and the token of the next one."""
-        records = sorted(
-            (sb.record for sb in self._live.values() if sb.state not in _HIDDEN), key=lambda r: (r.started_at, r.id)
+        """Filtered and ordered by start time (newest first unless ``order`` is asc); one page and the
+        token of the next one.
+
+        Pages are a keyset over (start time, id): the token is the last entry's key, and the next page
+        starts strictly after it in the query's order. A sandbox created between two pages sorts before
+        the token (desc) or after every entry so far (asc), so no entry is skipped or repeated.
+        """
+        out = sorted(
+            (sb.record for sb in self._live.values() if sb.state not in _HIDDEN and _matches(sb.record, query)),
+            key=_key,
+            reverse=query.order is Order.DESC,
         )
-        out = [
-            r
-            for r in records
-            if public_state(SandboxState(r.state)) in query.states
-            and all(r.metadata.get(k) == v for k, v in query.metadata.items())
-        ]
         if query.next_token:
             after = _decode_token(query.next_token)
-            out = [r for r in out if (r.started_at, r.id) > after]
+            if query.order is Order.DESC:
+                out = [r for r in out if _key(r) < after]
+            else:
+                out = [r for r in out if _key(r) > after]
         if query.limit is not None and len(out) > query.limit:
             page = out[: query.limit]
             return page, _encode_token(page[-1])
@@ -131,9 +154,31 @@ class SandboxTable:
                 await runtime.stop(record.id)
         finally:
             self._live.pop(record.id, None)
+            self._ended[record.id] = None
+            self._ended.move_to_end(record.id)
+            while len(self._ended) > _ENDED_KEPT:
+                self._ended.popitem(last=False)
             for callback in self._freed:
                 callback()
             await self.store.delete(record.id)
+
+
+def _key(record: SandboxRecord) -> tuple[float, str]:
+    return record.started_at, record.id
+
+
+def _matches(record: SandboxRecord, query: ListQuery) -> bool:
+    return (
+        public_state(SandboxState(record.state)) in query.states
+        and all(record.metadata.get(k) == v for k, v in query.metadata.items())
+        and (query.started_after is None or _micros(record.started_at) >= round(query.started_after * 1_000_000))
+        and (query.template is None or query.template in (record.template_id, record.alias))
+    )
+
+
+def _micros(ts: float) -> int:
+    """Microseconds, truncated as the API shows times (``startedAt``)."""
+    return math.floor(ts * 1_000_000)
 
 
 def _encode_token(record: SandboxRecord) -> str:

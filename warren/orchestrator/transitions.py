@@ -15,6 +15,7 @@ from ..runtime.base import PauseMode, RuntimeState
 from ..store import LifecyclePolicy, SandboxRecord
 from .agent import init_sandbox, wait_healthy
 from .capacity import Capacity
+from .egress import install_egress_ca
 from .faults import FaultPoint, Faults
 from .requests import ttl_seconds
 from .runtimes import AGENT_START_DEADLINE_S, RuntimeSet
@@ -132,6 +133,9 @@ class Transitions:
                 await wait_healthy(handle.address, handle.agent_port, time.monotonic() + AGENT_START_DEADLINE_S[kind])
             if mode is PauseMode.FILESYSTEM:
                 await init_sandbox(sandbox.record, handle.address, handle.agent_port, previous_token=None)
+            if sandbox.record.egress.rules:  # rules set while it was paused: it must trust the egress CA
+                await install_egress_ca(handle.address, handle.agent_port, sandbox.record.access_token,
+                                        runtime.egress_ca())
         except BaseException:
             await asyncio.shield(sandbox.set_state(SandboxState.PAUSED))
             raise

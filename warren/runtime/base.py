@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..store.records import PauseMode
+from ..store.records import EgressPolicy, PauseMode
 
 AGENT_PORT = 49983
 """The port the guest agent listens on inside every sandbox (envd's port)."""
@@ -83,11 +83,17 @@ class SandboxSpec:
     agent_env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment for the guest agent process."""
     allow_internet: bool = True
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
+    """Where it may connect out (per-sandbox nft sets and the node's egress proxy)."""
     runtime_binary: Path | None = None
     """The runtime CLI staged for this sandbox's runtime hash (seed 003); None: the backend's own.
 
     A backend records it with the sandbox and uses it for every later command on that sandbox
     (stop, pause, checkpoint, restore), so a sandbox keeps the exact runtime it was made with."""
+    tmp_tmpfs: bool = False
+    """A tmpfs at ``/tmp`` (in memory, mode 1777) instead of the rootfs's directory on the sandbox's disk,
+    which is E2B's default and what builds, snapshots, forks and filesystem pauses keep. No template sets
+    it yet."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +193,15 @@ class Runtime(Protocol):
         ``dest/upper`` always (the filesystem), ``dest/checkpoint`` when memory is included (gVisor:
         checkpoint, copy, restore the source into a fresh netns; the source's address may change).
         """
+        ...
+
+    async def update_egress(self, sandbox_id: str, egress: EgressPolicy) -> None:
+        """Enforce ``egress`` for the sandbox from now on (a paused one without a network gets it from the
+        spec it resumes with). ``NotFoundError`` for an unknown sandbox."""
+        ...
+
+    def egress_ca(self) -> bytes:
+        """The PEM certificate of the CA the egress proxy signs intercepted HTTPS with."""
         ...
 
     async def restore(self, spec: SandboxSpec, snapshot: Path) -> SandboxHandle:

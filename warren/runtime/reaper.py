@@ -420,8 +420,11 @@ class _Cleaner:
         # a slot and saving the record can leave two records naming one slot).
         if net.slot not in self.known_slots:
             self.network.pool.release(net.slot)
-        if not net.allow_internet and net.host_if not in self.known_ifs and not link_exists(net.host_if):
-            await self.network.nat.unblock_internet(net.host_if)
+        if net.host_if not in self.known_ifs and not link_exists(net.host_if):
+            if not net.allow_internet:
+                await self.network.nat.unblock_internet(net.host_if)
+            if not net.egress.is_open:
+                await self.network.egress_rules.remove(net.host_if)
 
     async def _remove_cgroups(self, rel: str) -> None:
         left = await asyncio.to_thread(self.hier.remove, rel)

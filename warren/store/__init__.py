@@ -4,29 +4,47 @@ from .codec import provenance_json
 from .db import Database
 from .records import (
     CacheEntry,
+    EgressPolicy,
+    HostRule,
     ImageConfig,
+    IngressPolicy,
     LifecyclePolicy,
+    NetworkConfig,
     OnTimeout,
     PauseMode,
     Provenance,
+    Requested,
     RuntimeBinding,
     SandboxRecord,
     TemplateRecord,
+    TemplateTag,
+    UpstreamProxy,
+    build_id_of,
 )
 from .repos import SandboxRepo, TemplateRepo
+from .tags import TagRepo
 
 __all__ = [
     "CacheEntry",
     "Database",
+    "EgressPolicy",
+    "HostRule",
     "ImageConfig",
+    "IngressPolicy",
     "LifecyclePolicy",
+    "NetworkConfig",
     "OnTimeout",
     "PauseMode",
     "Provenance",
+    "Requested",
     "RuntimeBinding",
     "SandboxRecord",
     "SandboxRepo",
+    "TagRepo",
     "TemplateRecord",
     "TemplateRepo",
+    "TemplateTag",
+    "UpstreamProxy",
+    "build_id_of",
     "provenance_json",
 ]

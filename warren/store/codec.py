@@ -6,10 +6,25 @@ cannot be right (a ``ValueError`` from an enum), so a record written by an older
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
-from .records import CacheEntry, ImageConfig, LifecyclePolicy, OnTimeout, PauseMode, Provenance, RuntimeBinding
+from .records import (
+    CacheEntry,
+    EgressPolicy,
+    HostRule,
+    ImageConfig,
+    IngressPolicy,
+    LifecyclePolicy,
+    NetworkConfig,
+    OnTimeout,
+    PauseMode,
+    Provenance,
+    Requested,
+    RuntimeBinding,
+    UpstreamProxy,
+)
 
 
 def image_to_json(image: ImageConfig) -> str:
@@ -51,6 +66,77 @@ def binding_of(raw: dict[str, Any]) -> RuntimeBinding:
         runtime_hash=_opt_str(raw.get("runtime_hash")),
         init_pid=int(pid) if pid is not None else None,
         pause_mode=PauseMode(mode) if mode is not None else None,
+    )
+
+
+def ingress_to_json(ingress: IngressPolicy) -> str:
+    return _dump({"public": ingress.public, "traffic_token": ingress.traffic_token})
+
+
+def ingress_of(raw: dict[str, Any]) -> IngressPolicy:
+    return IngressPolicy(public=bool(raw.get("public", True)), traffic_token=_opt_str(raw.get("traffic_token")))
+
+
+def requested_to_json(req: Requested) -> str:
+    net = req.network
+    network = None
+    if net is not None:
+        network = {
+            "allow_public_traffic": net.allow_public_traffic,
+            "allow_out": list(net.allow_out) if net.allow_out is not None else None,
+            "deny_out": list(net.deny_out) if net.deny_out is not None else None,
+        }
+    return _dump({"allow_internet_access": req.allow_internet_access, "network": network})
+
+
+def requested_of(raw: dict[str, Any]) -> Requested:
+    allow = raw.get("allow_internet_access")
+    net = raw.get("network")
+    network = None
+    if isinstance(net, dict):
+        public = net.get("allow_public_traffic")
+        network = NetworkConfig(
+            allow_public_traffic=bool(public) if public is not None else None,
+            allow_out=_strs(net["allow_out"]) if net.get("allow_out") is not None else None,
+            deny_out=_strs(net["deny_out"]) if net.get("deny_out") is not None else None,
+        )
+    return Requested(allow_internet_access=bool(allow) if allow is not None else None, network=network)
+
+
+def egress_json(egress: EgressPolicy) -> dict[str, Any]:
+    return {
+        "allow_out": list(egress.allow_out),
+        "deny_out": list(egress.deny_out),
+        "rules": [{"host": r.host, "headers": [list(h) for h in r.headers]} for r in egress.rules],
+        "dns_servers": list(egress.dns_servers) if egress.dns_servers is not None else None,
+        "upstream": dataclasses.asdict(egress.upstream) if egress.upstream is not None else None,
+    }
+
+
+def egress_to_json(egress: EgressPolicy) -> str:
+    return _dump(egress_json(egress))
+
+
+def egress_of(raw: dict[str, Any]) -> EgressPolicy:
+    rules = tuple(
+        HostRule(str(r.get("host")), tuple((str(h[0]), str(h[1])) for h in r.get("headers") or () if len(h) == 2))
+        for r in raw.get("rules") or () if isinstance(r, dict)
+    )
+    dns = raw.get("dns_servers")
+    up = raw.get("upstream")
+    upstream = None
+    if isinstance(up, dict) and up.get("address"):
+        upstream = UpstreamProxy(
+            address=str(up["address"]), username=_opt_str(up.get("username")), password=_opt_str(up.get("password")),
+            tls=bool(up.get("tls", False)), server_name=_opt_str(up.get("server_name")),
+            ca_cert=_opt_str(up.get("ca_cert")),
+        )
+    return EgressPolicy(
+        upstream=upstream,
+        allow_out=_strs(raw.get("allow_out")),
+        deny_out=_strs(raw.get("deny_out")),
+        rules=rules,
+        dns_servers=_strs(dns) if dns is not None else None,
     )
 
 

@@ -69,6 +69,21 @@ class Database:
 
         return await asyncio.to_thread(self._run, tx)
 
+    async def transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn`` in one immediate transaction (rolled back if it raises), off the event loop."""
+
+        def tx(conn: sqlite3.Connection) -> T:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                out = fn(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return out
+
+        return await asyncio.to_thread(self._run, tx)
+
     def close(self) -> None:
         with self._lock:
             if not self._closed:

@@ -3,6 +3,11 @@
     0 -> 1   the schema before versions were kept; ``templates.build`` added when missing
     1 -> 2   ``sandboxes.extra`` (one JSON dict of 11 string keys) split into the typed JSON columns
              ``image``, ``policy``, ``binding`` and ``origin``; ``extra`` is dropped
+    2 -> 3   ``sandboxes.requested``: what the create asked for (``{}`` for older sandboxes: not set)
+    3 -> 4   ``sandboxes.ingress`` (JSON ``IngressPolicy``: private traffic and its token), ``{}`` (public)
+    4 -> 5   ``template_builds`` (the record of every build a tag points to) and ``template_tags``; an
+             older template has no tags until one is assigned: its current build is its ``default``
+    5 -> 6   ``sandboxes.egress``: the sandbox's outbound policy (JSON, ``{}`` = open, what older rows get)
 
 Every upgrade runs in one transaction with the version bump: a crash leaves the old schema whole.
 """
@@ -14,7 +19,7 @@ from collections.abc import Callable
 
 from . import codec
 
-VERSION = 2
+VERSION = 6
 
 _TABLES = (
     """
@@ -37,7 +42,10 @@ _TABLES = (
         image TEXT NOT NULL DEFAULT '{}',
         policy TEXT NOT NULL DEFAULT '{}',
         binding TEXT NOT NULL DEFAULT '{}',
-        origin TEXT
+        origin TEXT,
+        requested TEXT NOT NULL DEFAULT '{}',
+        ingress TEXT NOT NULL DEFAULT '{}',
+        egress TEXT NOT NULL DEFAULT '{}'
     )
     """,
     "CREATE INDEX IF NOT EXISTS sandboxes_started ON sandboxes(started_at, id)",
@@ -57,6 +65,35 @@ _TABLES = (
         disk_mb INTEGER NOT NULL,
         created_at REAL NOT NULL,
         build TEXT NOT NULL DEFAULT '{}'
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS template_builds (
+        build_id TEXT PRIMARY KEY,
+        id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        runtime TEXT NOT NULL,
+        layers TEXT NOT NULL,
+        env TEXT NOT NULL,
+        workdir TEXT,
+        user TEXT,
+        start_cmd TEXT,
+        ready_cmd TEXT,
+        cpu_count INTEGER NOT NULL,
+        memory_mb INTEGER NOT NULL,
+        disk_mb INTEGER NOT NULL,
+        created_at REAL NOT NULL,
+        build TEXT NOT NULL DEFAULT '{}'
+    )
+    """,
+    "CREATE INDEX IF NOT EXISTS template_builds_template ON template_builds(id)",
+    """
+    CREATE TABLE IF NOT EXISTS template_tags (
+        template_id TEXT NOT NULL,
+        tag TEXT NOT NULL,
+        build_id TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (template_id, tag)
     )
     """,
 )
@@ -95,7 +132,28 @@ def _to_2(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE sandboxes DROP COLUMN extra")
 
 
-_UPGRADES: dict[int, Callable[[sqlite3.Connection], None]] = {1: _to_1, 2: _to_2}
+def _to_3(conn: sqlite3.Connection) -> None:
+    if "requested" not in _columns(conn, "sandboxes"):
+        conn.execute("ALTER TABLE sandboxes ADD COLUMN requested TEXT NOT NULL DEFAULT '{}'")
+
+
+def _to_4(conn: sqlite3.Connection) -> None:
+    if "ingress" not in _columns(conn, "sandboxes"):
+        conn.execute("ALTER TABLE sandboxes ADD COLUMN ingress TEXT NOT NULL DEFAULT '{}'")
+
+
+def _to_5(conn: sqlite3.Connection) -> None:
+    """The tag tables are made by ``_TABLES``; no template has tags yet (its current build is its default)."""
+
+
+def _to_6(conn: sqlite3.Connection) -> None:
+    if "egress" not in _columns(conn, "sandboxes"):
+        conn.execute("ALTER TABLE sandboxes ADD COLUMN egress TEXT NOT NULL DEFAULT '{}'")
+
+
+_UPGRADES: dict[int, Callable[[sqlite3.Connection], None]] = {
+    1: _to_1, 2: _to_2, 3: _to_3, 4: _to_4, 5: _to_5, 6: _to_6,
+}
 """Target version -> the step that reaches it from the one before."""
 
 

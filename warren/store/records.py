@@ -1,16 +1,20 @@
 """Frozen records the store returns. They carry data only; behaviour lives in the orchestrator.
 
-A sandbox record is flat columns plus four typed sub-records, each stored as one JSON column:
+A sandbox record is flat columns plus seven typed sub-records, each stored as one JSON column:
 
     image     ImageConfig      layers, env, workdir, user: what resume and snapshot need of its template
     policy    LifecyclePolicy  what a timeout does, whether traffic wakes it, how a timeout pauses
     binding   RuntimeBinding   the runtime hash it runs on, its init pid, how it was last paused
     origin    str | None       the snapshot it was restored from (``from_snapshot``), if any
+    requested Requested        what the create asked for (internet access, network), as asked
+    ingress   IngressPolicy    who may reach its ports (E2B's ``allowPublicTraffic`` and traffic token)
+    egress    EgressPolicy     where it may connect out (``network.allowOut``/``denyOut``/``rules``)
 """
 
 from __future__ import annotations
 
 import enum
+import uuid
 from dataclasses import dataclass, field
 
 
@@ -65,6 +69,75 @@ class RuntimeBinding:
 
 
 @dataclass(frozen=True)
+class NetworkConfig:
+    """The ``network`` object a create sent (E2B's ``SandboxNetworkConfig``), the parts warren applies."""
+
+    allow_public_traffic: bool | None = None
+    allow_out: tuple[str, ...] | None = None
+    deny_out: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Requested:
+    """What a create asked for, as it asked (``get_info`` shows it; None: not set at create)."""
+
+    allow_internet_access: bool | None = None
+    network: NetworkConfig | None = None
+
+
+@dataclass(frozen=True)
+class IngressPolicy:
+    """Who may reach the sandbox's ports other than envd's through the proxy (E2B's private traffic)."""
+
+    public: bool = True
+    """False: every request to a port but envd's must carry ``traffic_token`` (``e2b-traffic-access-token``)."""
+    traffic_token: str | None = None
+    """The token a private sandbox's create and connect answers carry; None for a public one."""
+
+
+@dataclass(frozen=True)
+class HostRule:
+    """Headers the egress proxy sets on every HTTP(S) request to ``host`` (an exact name or ``*.suffix``)."""
+
+    host: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class UpstreamProxy:
+    """A SOCKS5 proxy a sandbox's outbound TCP is tunneled through (E2B's ``egressProxy``)."""
+
+    address: str
+    """``host:port``; the host is re-resolved at every dial and must not be in a blocked range."""
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+    server_name: str | None = None
+    ca_cert: str | None = None
+    """PEM CAs that replace the system store for the TLS hop to the proxy."""
+
+
+@dataclass(frozen=True)
+class EgressPolicy:
+    """A sandbox's outbound policy, as E2B's ``SandboxNetworkConfig`` says it (already validated).
+
+    ``allow_out`` holds CIDRs (``a.b.c.d/n``) and lowercase domains (``name`` or ``*.suffix``); ``deny_out``
+    CIDRs only. Nothing is denied unless ``deny_out`` says so; an allowed entry beats a denied one."""
+
+    allow_out: tuple[str, ...] = ()
+    deny_out: tuple[str, ...] = ()
+    rules: tuple[HostRule, ...] = ()
+    dns_servers: tuple[str, ...] | None = None
+    """Resolvers opened when ``allow_out`` names a domain (None: E2B's default, 8.8.8.8)."""
+    upstream: UpstreamProxy | None = None
+
+    @property
+    def is_open(self) -> bool:
+        """Nothing to enforce: no deny entry, no header rule, no upstream proxy."""
+        return not self.deny_out and not self.rules and self.upstream is None
+
+
+@dataclass(frozen=True)
 class SandboxRecord:
     id: str
     template_id: str
@@ -86,6 +159,9 @@ class SandboxRecord:
     binding: RuntimeBinding = field(default_factory=RuntimeBinding)
     origin: str | None = None
     """The snapshot this sandbox was restored from, if any."""
+    requested: Requested = field(default_factory=Requested)
+    ingress: IngressPolicy = field(default_factory=IngressPolicy)
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
 
 
 @dataclass(frozen=True)
@@ -137,3 +213,18 @@ class TemplateRecord:
     created_at: float
     build: Provenance = field(default_factory=lambda: Provenance())
     """How the template was made (``warren.templates.build``): build id, source, cache keys, own layers."""
+
+
+def build_id_of(rec: TemplateRecord) -> str:
+    """The template's current build id (imported templates get a stable one derived from their id)."""
+    value = rec.build.build_id
+    return value if value else str(uuid.uuid5(uuid.NAMESPACE_URL, f"warren:template:{rec.id}"))
+
+
+@dataclass(frozen=True)
+class TemplateTag:
+    """One tag of a template and the build it points to (E2B's ``TemplateTag``)."""
+
+    tag: str
+    build_id: str
+    created_at: float

@@ -1,4 +1,4 @@
-"""Repositories over the database: sandboxes and templates."""
+"""Repositories over the database: sandboxes and templates (their tags: :mod:`warren.store.tags`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import sqlite3
 from . import codec
 from .db import Database
 from .records import SandboxRecord, TemplateRecord
+from .rows import TEMPLATE_COLUMNS, template_of, template_params
+from .tags import TagRepo, delete_template
 
 _SANDBOX_COLS = [f.name for f in dataclasses.fields(SandboxRecord)]
-_TEMPLATE_COLS = [f.name for f in dataclasses.fields(TemplateRecord)]
-_JSON_TEMPLATE = {"layers", "env"}
 
 
 def _sandbox(row: sqlite3.Row) -> SandboxRecord:
@@ -36,6 +36,9 @@ def _sandbox(row: sqlite3.Row) -> SandboxRecord:
         policy=codec.policy_of(codec.load(row["policy"])),
         binding=codec.binding_of(codec.load(row["binding"])),
         origin=row["origin"],
+        requested=codec.requested_of(codec.load(row["requested"])),
+        ingress=codec.ingress_of(codec.load(row["ingress"])),
+        egress=codec.egress_of(codec.load(row["egress"])),
     )
 
 
@@ -48,27 +51,11 @@ def _sandbox_params(rec: SandboxRecord) -> list[object]:
         "image": codec.image_to_json(rec.image),
         "policy": codec.policy_to_json(rec.policy),
         "binding": codec.binding_to_json(rec.binding),
+        "requested": codec.requested_to_json(rec.requested),
+        "ingress": codec.ingress_to_json(rec.ingress),
+        "egress": codec.egress_to_json(rec.egress),
     }
     return [columns[c] for c in _SANDBOX_COLS]
-
-
-def _template(row: sqlite3.Row) -> TemplateRecord:
-    values = {c: (json.loads(row[c]) if c in _JSON_TEMPLATE else row[c]) for c in _TEMPLATE_COLS}
-    values["layers"] = tuple(values["layers"])
-    values["build"] = codec.provenance_of(codec.load(row["build"]))
-    return TemplateRecord(**values)
-
-
-def _template_params(rec: TemplateRecord) -> list[object]:
-    out: list[object] = []
-    for c in _TEMPLATE_COLS:
-        v = getattr(rec, c)
-        if c in _JSON_TEMPLATE:
-            v = json.dumps(list(v) if isinstance(v, tuple) else v, sort_keys=True)
-        elif c == "build":
-            v = codec.provenance_to_json(rec.build)
-        out.append(v)
-    return out
 
 
 def _upsert(table: str, cols: list[str]) -> str:
@@ -76,7 +63,7 @@ def _upsert(table: str, cols: list[str]) -> str:
 
 
 _SANDBOX_UPSERT = _upsert("sandboxes", _SANDBOX_COLS)
-_TEMPLATE_UPSERT = _upsert("templates", _TEMPLATE_COLS)
+_TEMPLATE_UPSERT = _upsert("templates", TEMPLATE_COLUMNS)
 
 
 class SandboxRepo:
@@ -102,17 +89,25 @@ class SandboxRepo:
 class TemplateRepo:
     def __init__(self, db: Database) -> None:
         self._db = db
+        self.tags = TagRepo(db)
+        """The templates' tags and the build records they keep (:mod:`warren.store.tags`)."""
 
     async def put(self, rec: TemplateRecord) -> None:
         """Insert or replace the whole record."""
-        await self._db.write(_TEMPLATE_UPSERT, _template_params(rec))
+        await self._db.write(_TEMPLATE_UPSERT, template_params(rec))
 
     async def find(self, id_or_name: str) -> TemplateRecord | None:
         rows = await self._db.read("SELECT * FROM templates WHERE id = ? OR name = ?", (id_or_name, id_or_name))
-        return _template(rows[0]) if rows else None
+        return template_of(rows[0]) if rows else None
 
     async def all(self) -> list[TemplateRecord]:
-        return [_template(r) for r in await self._db.read("SELECT * FROM templates ORDER BY name")]
+        return [template_of(r) for r in await self._db.read("SELECT * FROM templates ORDER BY name")]
 
     async def delete(self, template_id: str) -> bool:
-        return await self._db.write("DELETE FROM templates WHERE id = ?", (template_id,)) > 0
+        """Delete the template with its tags and tagged builds."""
+
+        def tx(conn: sqlite3.Connection) -> bool:
+            delete_template(conn, template_id)
+            return conn.execute("DELETE FROM templates WHERE id = ?", (template_id,)).rowcount > 0
+
+        return await self._db.transaction(tx)

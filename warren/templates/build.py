@@ -22,6 +22,7 @@ from pathlib import Path
 from warren.config import Settings
 from warren.errors import ConflictError, NotFoundError, WarrenError
 from warren.images import LayerStore, ProgressEvent
+from warren.names import DEFAULT_TAG, split_reference, validate_tags
 from warren.runtime.base import Runtime
 from warren.store import TemplateRecord, TemplateRepo
 from warren.templates.buildlog import BuildLog, BuildStatus
@@ -46,6 +47,7 @@ from warren.templates.records import (
     validate_name,
 )
 from warren.templates.steps import BuildRequest
+from warren.templates.tags import TemplateTags
 from warren.templates.uploads import UploadStore, check_hash
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,12 @@ class BuildService:
         """Called with each new template record (the node seals gVisor templates as memory snapshots)."""
         self.on_deleted: Callable[[TemplateRecord], Awaitable[None]] | None = None
         """Called with each deleted template (the node drops its sealed snapshot and warm pool)."""
+        self.tags = TemplateTags(templates, gc=self.gc, clock=clock, on_current=self._current_changed)
+
+    async def _current_changed(self, record: TemplateRecord) -> None:
+        """A tag move made another build the template's current record: as after a build of it."""
+        if self.on_built is not None:
+            await self.on_built(record)
 
     @property
     def layers_dir(self) -> Path:
@@ -131,7 +139,12 @@ class BuildService:
         tags: Sequence[str] = (),
         runtime: str | None = None,
     ) -> Build:
-        """``POST /v3/templates``: reserve a build of template ``name`` (new, or a new build of it)."""
+        """``POST /v3/templates``: reserve a build of template ``name`` (new, or a new build of it).
+
+        ``name:tag`` is ``name`` with ``tag`` added to ``tags`` (E2B); no tags at all means ``default``."""
+        validate_name(name)  # the whole reference first: reserved forms (template:...) are refused as they are
+        name, tag = split_reference(name)
+        tags = validate_tags([*tags, tag] if tag is not None and tag != DEFAULT_TAG else list(tags))
         validate_name(name)
         check_runtime(runtime)
         check_resources(self._settings, cpu_count, memory_mb)
@@ -193,7 +206,8 @@ class BuildService:
         if build is not None and build.template_id == template_id:
             return build.log
         record = await self._templates.find(template_id)
-        if record is not None and record.build.build_id == build_id:
+        kept = {r.build.build_id for r in await self._templates.tags.builds() if r.id == template_id}
+        if record is not None and (record.build.build_id == build_id or build_id in kept):
             done = BuildLog(clock=self._clock)
             done.status = BuildStatus.READY
             return done
@@ -231,9 +245,12 @@ class BuildService:
                 logbook.status = BuildStatus.BUILDING
                 started = time.monotonic()
                 built = await self._executor.execute(build, req)
-                if built.previous is not None:
-                    await self.gc(candidates=built.previous.layers)
-                if self.on_built is not None:
+                garbage = [p for r in built.dropped for p in r.layers]
+                if built.current and built.previous is not None:
+                    garbage += built.previous.layers
+                if garbage:
+                    await self.gc(candidates=garbage)
+                if built.current and self.on_built is not None:
                     await self.on_built(built.record)
             record = built.record
             logbook.succeed(f"Template {record.name} ({record.id}) built in {time.monotonic() - started:.1f}s")
@@ -290,11 +307,12 @@ class BuildService:
         for build in self._builds.values():
             if build.running and record.id in (build.base_template_id, build.template_id):
                 raise ConflictError(f"template '{record.name}' is used by build {build.build_id}")
+        tagged = [r for r in await self._templates.tags.builds() if r.id == record.id]
         async with self.layers.lock:
             await self._templates.delete(record.id)
         if self.on_deleted is not None:
             await self.on_deleted(record)
-        await self.gc(candidates=record.layers)
+        await self.gc(candidates=[*record.layers, *(p for r in tagged for p in r.layers)])
         return record
 
 

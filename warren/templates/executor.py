@@ -24,6 +24,7 @@ from typing import Any
 
 from warren.errors import WarrenError
 from warren.images import parse_reference
+from warren.names import DEFAULT_TAG
 from warren.runtime.base import Runtime
 from warren.store import CacheEntry, TemplateRecord, TemplateRepo
 from warren.templates._fs import remove_tree
@@ -68,10 +69,16 @@ class Base:
 
 @dataclass(frozen=True)
 class Built:
-    """A build's template record, and the template's record before it (its layers may now be garbage)."""
+    """A build's template record, and the template's record before it (its layers may now be garbage).
+
+    ``current``: the build became the template's current record (it carries the ``default`` tag, or the
+    template is new); a build of other tags only is kept for ``name:tag``. ``dropped``: builds no tag
+    names any more (their layers may be garbage too)."""
 
     record: TemplateRecord
     previous: TemplateRecord | None
+    current: bool = True
+    dropped: tuple[TemplateRecord, ...] = ()
 
 
 class Executor:
@@ -225,8 +232,10 @@ class Executor:
             clash = await self._templates.find(build.name)
             if clash is not None and clash.id != build.template_id and clash.name == build.name:
                 raise BuildFailed(f"template name '{build.name}' was taken while building", FINALIZE_STEP)
-            await self._templates.put(record)
-        return Built(record, previous)
+            tags = build.tags or (DEFAULT_TAG,)
+            current = previous is None or DEFAULT_TAG in tags
+            dropped = await self._templates.tags.record_build(record, tags, current=current, now=self._clock())
+        return Built(record, previous, current, tuple(dropped))
 
 
 __all__ = ["BUILTIN_IMAGES", "Base", "Built", "Executor"]

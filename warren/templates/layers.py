@@ -111,7 +111,7 @@ class Layers:
         now, and the pins of builds and pulls in progress. Returns the removed paths.
         """
         async with self.lock:
-            records = await self._templates.all()
+            records = await self._templates.all() + await self._templates.tags.builds()
             used = {p for r in records for p in r.layers} | set(self._usage().layers) | set(self._pins)
             used |= await asyncio.to_thread(mounted_lower_dirs)
             removed: list[str] = []

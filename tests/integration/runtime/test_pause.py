@@ -28,8 +28,9 @@ async def _sh(sandboxes: SandboxFactory, sandbox_id: str, script: str) -> str:
 async def _started_with_markers(sandboxes: SandboxFactory) -> SandboxHandle:
     handle = await sandboxes.start()
     await _healthy(handle)
-    # /tmp is a tmpfs: its content lives in the sandbox's memory. /root is on the overlay upper dir.
-    await _sh(sandboxes, handle.sandbox_id, "echo mem > /tmp/marker; echo disk > /root/marker")
+    # /dev/shm is a tmpfs: its content lives in the sandbox's memory. /root and /tmp are on its disk.
+    await _sh(sandboxes, handle.sandbox_id,
+              "echo mem > /dev/shm/marker; echo disk > /root/marker; echo tmp > /tmp/marker")
     return handle
 
 
@@ -45,7 +46,7 @@ async def test_memory_pause_keeps_memory(sandboxes: SandboxFactory) -> None:
     if runtime.kind is RuntimeKind.RUNC:
         assert resumed.address == handle.address
     assert await runtime.state(handle.sandbox_id) == "running"
-    assert await _sh(sandboxes, handle.sandbox_id, "cat /tmp/marker /root/marker") == "mem\ndisk\n"
+    assert await _sh(sandboxes, handle.sandbox_id, "cat /dev/shm/marker /root/marker /tmp/marker") == "mem\ndisk\ntmp\n"
     assert not runtime.sandbox_paths(handle.sandbox_id).checkpoint.exists()
 
 
@@ -63,8 +64,9 @@ async def test_filesystem_pause_keeps_only_the_disk(sandboxes: SandboxFactory) -
     assert len(left.get("loop_devices", [])) == (1 if runtime.disks.enforced else 0)
     resumed = await runtime.resume(sandboxes.specs[handle.sandbox_id], PauseMode.FILESYSTEM)
     await _healthy(resumed)
-    out = await _sh(sandboxes, handle.sandbox_id, "cat /root/marker; cat /tmp/marker 2>/dev/null || echo gone")
-    assert out == "disk\ngone\n"
+    out = await _sh(sandboxes, handle.sandbox_id,
+                    "cat /root/marker /tmp/marker; cat /dev/shm/marker 2>/dev/null || echo gone")
+    assert out == "disk\ntmp\ngone\n"
 
 
 @pytest.mark.parametrize("mode", list(PauseMode))

@@ -13,8 +13,9 @@ from warren.runtime.cgroups import CgroupHierarchies
 from warren.runtime.net.manager import SandboxNetwork, host_nameservers
 from warren.runtime.net.nat import NatRules
 from warren.runtime.net.pool import AddressPool
+from warren.runtime.oci.guestfiles import ensure_rootfs_tmp, write_boot_id
 from warren.runtime.oci.layout import SandboxPaths, SandboxRecord, validate_sandbox_id, write_etc_files
-from warren.runtime.oci.spec import DEFAULT_CAPABILITIES, HARDENED_CAPABILITIES, ConfigInputs, build_config
+from warren.runtime.oci.spec import BOOT_ID, DEFAULT_CAPABILITIES, HARDENED_CAPABILITIES, ConfigInputs, build_config
 from warren.runtime.probe import has_cap_sys_resource, is_static_elf
 from warren.runtime.userns import UidRange
 
@@ -78,10 +79,49 @@ def test_config(tmp_path: Path) -> None:
     mounts = {m["destination"]: m for m in config["mounts"]}
     assert mounts["/.agent"]["options"] == ["rbind", "ro", "nosuid", "nodev"]
     assert "newinstance" in mounts["/dev/pts"]["options"]
-    assert "mode=1777" in mounts["/tmp"]["options"]
+    assert "/tmp" not in mounts  # the rootfs's own /tmp, on the sandbox's disk
+    assert "hooks" not in config
     assert "ro" in mounts["/sys"]["options"]
     assert mounts["/etc/hosts"]["source"] == str(tmp_path / "hosts")
     assert "oomScoreAdj" not in build_config(_inputs(tmp_path, oom_score_adj=None))["process"]
+
+
+def test_config_tmp_and_boot_id(tmp_path: Path) -> None:
+    boot = tmp_path / "boot_id"
+    runc = build_config(_inputs(tmp_path, boot_id=boot, mount_binary=Path("/usr/bin/mount")))
+    (hook,) = runc["hooks"]["createContainer"]
+    assert hook["path"] == "/usr/bin/mount"
+    assert hook["args"][-2:] == [str(boot), f"{tmp_path / 'rootfs'}/proc/sys/kernel/random/boot_id"]
+    assert "ro,nosuid,nodev,noexec" in hook["args"]
+    assert not any(m["destination"] == BOOT_ID for m in runc["mounts"])
+    runsc = build_config(_inputs(tmp_path, boot_id=boot, tmp_dir=tmp_path / "rootfs" / "tmp"))
+    mounts = {m["destination"]: m for m in runsc["mounts"]}
+    assert mounts[BOOT_ID]["source"] == str(boot) and "ro" in mounts[BOOT_ID]["options"]
+    assert mounts["/tmp"]["type"] == "bind" and mounts["/tmp"]["source"] == str(tmp_path / "rootfs" / "tmp")
+    assert "hooks" not in runsc
+    tmpfs = {m["destination"]: m for m in build_config(_inputs(tmp_path, tmp_tmpfs=True))["mounts"]}
+    assert tmpfs["/tmp"]["type"] == "tmpfs" and "mode=1777" in tmpfs["/tmp"]["options"]
+
+
+def test_boot_id_file(tmp_path: Path) -> None:
+    path = tmp_path / "boot_id"
+    first = write_boot_id(path, None, fresh=False)  # none yet: made
+    assert path.read_text() == first + "\n" and len(first) == 36 and (path.stat().st_mode & 0o777) == 0o444
+    assert write_boot_id(path, None, fresh=False) == first  # kept: the same boot goes on
+    second = write_boot_id(path, None, fresh=True)
+    assert second != first and path.read_text() == second + "\n"
+
+
+def test_rootfs_tmp(tmp_path: Path) -> None:
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    made = ensure_rootfs_tmp(rootfs, None)
+    assert made == rootfs / "tmp" and (made.stat().st_mode & 0o7777) == 0o1777
+    made.chmod(0o755)
+    assert ensure_rootfs_tmp(rootfs, None) == made and (made.stat().st_mode & 0o7777) == 0o755  # the image's
+    made.rmdir()
+    (rootfs / "tmp").symlink_to("/etc")  # the sandbox's own symlink: never followed on the host
+    assert ensure_rootfs_tmp(rootfs, None) is None and (rootfs / "tmp").is_symlink()
 
 
 def test_config_user_namespace(tmp_path: Path) -> None:

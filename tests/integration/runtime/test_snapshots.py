@@ -26,8 +26,8 @@ root = pytest.mark.root
 runc = pytest.mark.runc
 runsc = pytest.mark.runsc
 
-COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.05; done >/dev/null 2>&1 &"
-"""A process whose state lives only in memory: its shell variable, and /tmp (a tmpfs) for reading it."""
+COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /dev/shm/counter; sleep 0.05; done >/dev/null 2>&1 &"
+"""A process whose state lives only in memory: its shell variable, and /dev/shm (a tmpfs) for reading it."""
 
 
 async def _healthy(handle: SandboxHandle) -> None:
@@ -52,7 +52,7 @@ async def _restore(factory: SandboxFactory, snapshot: Path) -> SandboxHandle:
 async def _counter(factory: SandboxFactory, sandbox_id: str) -> int:
     async with asyncio.timeout(20):
         while True:  # empty while the loop rewrites it (truncate, then write)
-            text = await _sh(factory, sandbox_id, "cat /tmp/counter")
+            text = await _sh(factory, sandbox_id, "cat /dev/shm/counter")
             if text.strip():
                 return int(text)
 
@@ -277,7 +277,7 @@ async def test_gvisor_snapshot_keeps_memory_and_the_source_running(runsc_sandbox
     frozen = _tree(snap)
     clone = await _restore(runsc_sandboxes, snap)
     counted = await _counter(runsc_sandboxes, clone.sandbox_id)
-    assert counted >= before  # continued from its value: a fresh loop would have no /tmp/counter at all
+    assert counted >= before  # continued from its value: a fresh loop would have no /dev/shm/counter at all
     await _counter_at_least(runsc_sandboxes, clone.sandbox_id, counted + 10)
     assert await _sh(runsc_sandboxes, clone.sandbox_id, "cat /root/disk") == "disk\n"
 

@@ -101,6 +101,12 @@ def test_target_parsing() -> None:
     assert target_of([(b"host", b"3000-abc.localhost:8080")], None) == Target("abc", 3000)
     assert target_of([(b"host", b"3000-abc.other")], "mine.dev") is None
     assert target_of([(b"host", b"127.0.0.1:3000")], None) is None
+    # Domain mode: the node's domain may carry its port; a client on the default port sends none.
+    assert target_of([(b"host", b"8000-abc.w.localhost:8443")], "w.localhost:8443") == Target("abc", 8000)
+    assert target_of([(b"host", b"8000-abc.w.localhost")], "w.localhost:8443") == Target("abc", 8000)
+    assert target_of([(b"host", b"8000-abc.w.localhost:443")], "w.localhost") == Target("abc", 8000)
+    assert target_of([(b"host", b"8000-abc.x.localhost:8443")], "w.localhost:8443") is None
+    assert target_of([(b"host", b"api.w.localhost:8443")], "w.localhost:8443") is None
 
 
 def test_metadata_query_is_double_decoded() -> None:

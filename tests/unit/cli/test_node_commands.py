@@ -42,6 +42,8 @@ class _Settings:
     cache_dir: Path
     runsc_path: Path | None
     domain: str | None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
 
 
 def _fake_loader(objects: dict[str, Any]) -> Callable[[str, str], Any]:
@@ -61,6 +63,20 @@ def test_serve_builds_settings_and_runs_the_node(
     result = runner.invoke(app, [*args, "--runsc", "/opt/runsc", "--domain", "w.test"])
     assert result.exit_code == 0, result.output
     assert ran == [_Settings(Path("/s"), "0.0.0.0", 3100, Path("/c"), Path("/opt/runsc"), "w.test")]
+
+
+def test_serve_passes_the_tls_files(clean_env: Path, runner: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[Any] = []
+    monkeypatch.setattr(
+        node_cmds,
+        "_load",
+        _fake_loader({"warren.config.Settings": _Settings, "warren.node.run_node": ran.append}),
+    )
+    args = ["serve", "--state-dir", "/s", "--cache-dir", "/c", "--domain", "w.test:8443"]
+    result = runner.invoke(app, [*args, "--tls-cert", "/t/c.pem", "--tls-key", "/t/k.pem"])
+    assert result.exit_code == 0, result.output
+    assert ran[0].domain == "w.test:8443"
+    assert (ran[0].tls_cert, ran[0].tls_key) == (Path("/t/c.pem"), Path("/t/k.pem"))
 
 
 def test_serve_defaults(clean_env: Path, runner: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:

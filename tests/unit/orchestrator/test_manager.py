@@ -94,10 +94,10 @@ async def test_list_filters_and_pages(parts: tuple) -> None:  # type: ignore[typ
     for i in range(5):
         clock.now += 1
         ids.append((await manager.create(CreateRequest(template="base", metadata={"g": str(i % 2)}))).id)
-    page, token = manager.list(ListQuery(metadata={"g": "0"}, limit=2))
-    assert [r.id for r in page] == [ids[0], ids[2]] and token
+    page, token = manager.list(ListQuery(metadata={"g": "0"}, limit=2))  # newest first
+    assert [r.id for r in page] == [ids[4], ids[2]] and token
     page2, token2 = manager.list(ListQuery(metadata={"g": "0"}, limit=2, next_token=token))
-    assert [r.id for r in page2] == [ids[4]] and token2 is None
+    assert [r.id for r in page2] == [ids[0]] and token2 is None
     with pytest.raises(InvalidRequestError):
         manager.list(ListQuery(next_token="!!!"))
 

@@ -29,7 +29,7 @@ pytestmark = [
 
 REQUIRED = ["runc", "debootstrap", "busybox-static", "nftables", "iptables", "patchelf", "iproute2", "procps",
             "psmisc", "socat", "e2fsprogs", "curl", "dash", "python3", "python3-venv", "ca-certificates"]  # fmt: skip
-OPTIONAL = ["runsc", "redis-server", "docker-registry", "skopeo"]
+OPTIONAL = ["runsc", "redis-server", "docker-registry", "skopeo", "dnsmasq-base"]
 
 # Installed iff listed in $FAKE_INSTALLED; otherwise dpkg-query's "not installed" answer.
 DPKG_QUERY = """#!/bin/sh

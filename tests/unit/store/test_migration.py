@@ -9,6 +9,7 @@ is a fake (the seam where runc cannot run unprivileged); the store is the real S
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sqlite3
 from pathlib import Path
@@ -21,11 +22,15 @@ from warren.orchestrator import SandboxManager, SandboxState
 from warren.runtime.base import PauseMode, RuntimeKind, RuntimeState, SandboxHandle, SandboxSpec
 from warren.store import (
     Database,
+    EgressPolicy,
+    HostRule,
     ImageConfig,
+    IngressPolicy,
     LifecyclePolicy,
     OnTimeout,
     SandboxRepo,
     TemplateRepo,
+    UpstreamProxy,
 )
 from warren.store.migrations import VERSION
 
@@ -83,6 +88,7 @@ async def test_old_records_read_as_typed_sub_records(tmp_path: Path) -> None:
     assert {r.binding.runtime_hash for r in records.values()} == {HASH}
     assert run.origin is not None and run.origin.startswith("s") and mem.origin is None
     assert mem.env_vars == {"A": "1"} and mem.state == "paused"
+    assert {r.ingress for r in records.values()} == {IngressPolicy()}  # older sandboxes are public
 
 
 async def test_migrated_schema_equals_a_new_one_and_reopens(tmp_path: Path) -> None:
@@ -143,4 +149,26 @@ async def test_old_database_serves_its_paused_sandboxes(tmp_path: Path) -> None:
         assert stored is not None and stored.state == "running" and stored.binding.runtime_hash == HASH
     finally:
         await agent.close()
+        db.close()
+
+
+async def test_old_records_have_an_open_egress_policy_and_a_policy_round_trips(tmp_path: Path) -> None:
+    path = _copy(tmp_path)
+    db = Database(path)
+    try:
+        repo = SandboxRepo(db)
+        records = await repo.all()
+        assert records and all(r.egress == EgressPolicy() and r.egress.is_open for r in records)
+        policy = EgressPolicy(
+            allow_out=("203.0.113.0/24", "*.example.com", "api.test"),
+            deny_out=("0.0.0.0/0",),
+            rules=(HostRule("api.test", (("Authorization", "Bearer s3cret"),)),),
+            dns_servers=("1.1.1.1",),
+            upstream=UpstreamProxy("p.test:1080", "u", "pw", True, None, None),
+        )
+        changed = dataclasses.replace(records[0], egress=policy)
+        await repo.put(changed)
+        stored = await repo.get(changed.id)
+        assert stored is not None and stored.egress == policy and not policy.is_open
+    finally:
         db.close()

@@ -39,13 +39,20 @@ TIME: Schema = {"type": "string", "format": "date-time"}
 STR_MAP: Schema = {"type": "object", "additionalProperties": STR}
 ANY_OBJ: Schema = {"type": "object"}
 
+_RULES: Schema = {"type": "object", "additionalProperties": array(obj({"transform": obj({"headers": STR_MAP})}))}
+_EGRESS_PROXY = obj({"address": STR, "username": STR, "password": STR,
+                     "tls": nullable(obj({"enabled": BOOL, "serverName": STR, "caCert": STR}))}, ("address",))
 _NETWORK = obj({
     "allowPublicTraffic": BOOL,
     "allowOut": array(STR),
     "denyOut": array(STR),
+    "dnsServers": array(STR),
+    "egressProxy": nullable(_EGRESS_PROXY),
     "maskRequestHost": STR,
-    "rules": {"type": "object", "additionalProperties": array(obj({"transform": obj({"headers": STR_MAP})}))},
+    "rules": _RULES,
 })
+_NETWORK_UPDATE = obj({"allowOut": array(STR), "denyOut": array(STR), "dnsServers": array(STR),
+                       "egressProxy": nullable(_EGRESS_PROXY), "rules": _RULES, "allow_internet_access": BOOL})
 _LIFECYCLE = obj({"autoResume": BOOL, "onTimeout": {"type": "string", "enum": ["kill", "pause"]}},
                  ("autoResume", "onTimeout"))  # fmt: skip
 _LISTED = {
@@ -77,6 +84,7 @@ SCHEMAS: dict[str, Schema] = {
     "Error": obj({"code": INT, "message": STR}, ("code", "message")),
     # ----- sandboxes (E2B)
     "SandboxNetworkConfig": _NETWORK,
+    "SandboxNetworkUpdateConfig": _NETWORK_UPDATE,
     "SandboxLifecycle": _LIFECYCLE,
     "NewSandbox": obj(
         {"templateID": {"type": "string", "minLength": 1}, "timeout": {"type": "integer", "minimum": 0},
@@ -94,7 +102,8 @@ SCHEMAS: dict[str, Schema] = {
     "ListedSandbox": obj({**_LISTED, "alias": nullable(STR)}, _LISTED_REQUIRED),
     "SandboxDetail": obj(
         {**_LISTED, "alias": nullable(STR), "envdAccessToken": nullable(STR), "allowInternetAccess": nullable(BOOL),
-         "domain": nullable(STR), "network": ref("SandboxNetworkConfig"), "lifecycle": ref("SandboxLifecycle"),
+         "domain": nullable(STR), "network": nullable(ref("SandboxNetworkConfig")),
+         "lifecycle": ref("SandboxLifecycle"),
          "pauseMode": {"type": "string", "enum": ["full", "filesystem"]}},
         _LISTED_REQUIRED,
     ),
@@ -103,6 +112,12 @@ SCHEMAS: dict[str, Schema] = {
     "SandboxTimeout": obj({"timeout": {"type": "integer", "minimum": 0}}, ("timeout",)),
     "SandboxPause": obj({"memory": {"type": "boolean", "description": "false: keep the disk only"}}),
     "SandboxMetric": _METRIC,
+    "SandboxLogEntry": obj({"timestamp": TIME, "level": {"type": "string", "enum": ["debug", "info", "warn", "error"]},
+                            "message": STR, "fields": STR_MAP}, ("timestamp", "level", "message", "fields")),
+    "SandboxLogsV2Response": obj({"logs": array(ref("SandboxLogEntry"))}, ("logs",)),
+    "SandboxLogs": obj({"logs": array(obj({"timestamp": TIME, "line": STR}, ("timestamp", "line"))),
+                        "logEntries": array(ref("SandboxLogEntry"))}, ("logs", "logEntries")),
+    "SandboxesWithMetrics": obj({"sandboxes": {"type": "object", "additionalProperties": _METRIC}}, ("sandboxes",)),
     "SandboxFork": obj({"count": {"type": "integer", "minimum": 1}, "timeout": {"type": "integer", "minimum": 0}}),
     "SandboxForkResult": obj({"sandbox": ref("Sandbox"), "error": ref("Error")}),
     # ----- snapshots
@@ -117,6 +132,10 @@ SCHEMAS: dict[str, Schema] = {
     "TemplateBuild": _BUILD,
     "TemplateWithBuilds": {"allOf": [_TEMPLATE, obj({"builds": array(ref("TemplateBuild"))}, ("builds",))]},
     "TemplateAliasResponse": obj({"templateID": STR, "public": BOOL}, ("templateID", "public")),
+    "AssignTemplateTagsRequest": obj({"target": STR, "tags": array(STR)}, ("target", "tags")),
+    "DeleteTemplateTagsRequest": obj({"name": STR, "tags": array(STR)}, ("name", "tags")),
+    "AssignedTemplateTags": obj({"tags": array(STR), "buildID": STR}, ("tags", "buildID")),
+    "TemplateTag": obj({"tag": STR, "buildID": STR, "createdAt": TIME}, ("tag", "buildID", "createdAt")),
     "TemplateBuildRequestV3": obj(
         {"name": STR, "alias": STR, "tags": array(STR), "cpuCount": INT, "memoryMB": INT, "teamID": STR,
          "runtime": {"type": "string", "description": "warren: the runtime of the template's sandboxes"}},

@@ -20,7 +20,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ...aio import race
 from ...errors import TooManyRequestsError, WarrenError
 from ...orchestrator.states import SandboxState
-from .routing import Target, target_of
+from .ingress import Refusal, TokenLookup, refusal
+from .routing import Target, envd_token_target, target_of
 from .upstream import (
     RESET_ON_CLOSE,
     SandboxPool,
@@ -47,20 +48,31 @@ _HOP_BY_HOP = frozenset(
 )
 Resolver = Callable[[str], "tuple[str, SandboxState] | None"]
 Waker = Callable[[str], Awaitable[str | None]]
+Ended = Callable[[str], bool]
+"""Whether this node recently held a sandbox under this id that is gone now (killed, timed out, died)."""
 _WAKE_DEADLINE_S = 60.0
 """How long proxied requests wait for a paused sandbox to auto-resume (gVisor restores take ~0.3-2 s)."""
 
 
-async def _send_json(send: Send, status: int, message: str) -> None:
-    body = json.dumps({"code": status, "message": message}).encode()
+async def _send_json(send: Send, status: int, message: str, sandbox_id: str | None = None) -> None:
+    fields: dict[str, object] = {"code": status, "message": message}
+    if sandbox_id is not None:
+        fields["sandboxId"] = sandbox_id
+    await _send_body(send, status, fields)
+
+
+async def _send_body(send: Send, status: int, payload: dict[str, object], *, websocket: bool = False) -> None:
+    """A JSON answer; for a WebSocket handshake, as an HTTP response (ASGI's ``websocket.http.response``)."""
+    body = json.dumps(payload).encode()
+    kind = "websocket.http.response" if websocket else "http.response"
     await send(
         {
-            "type": "http.response.start",
+            "type": f"{kind}.start",
             "status": status,
             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
         }
     )
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": f"{kind}.body", "body": body})
 
 
 _NOT_ORIGIN_FORM = "the request target must be a path starting with '/'"
@@ -89,6 +101,13 @@ def _without_dot_segments(path: bytes) -> bytes:
     return b"/".join(out) or b"/"
 
 
+def _not_running(sandbox_id: str, why: str | None) -> str:
+    """The 502 message of a sandbox that does not run: E2B's client proxy says "The sandbox was not
+    found", and the SDK maps a 502 whose message has "was not found" to ``SandboxNotRunningException``
+    (``is_running()`` is False for any 502); ``why`` tells paused from killed."""
+    return f"The sandbox {sandbox_id} was not found" + (f": {why}" if why else "")
+
+
 class _Paused(Exception):
     """The target sandbox is paused and does not auto-resume."""
 
@@ -107,11 +126,17 @@ class SandboxProxy:
         domain: str | None,
         *,
         wake: Waker | None = None,
+        traffic_token: TokenLookup | None = None,
+        ended: Ended | None = None,
         max_keepalive: int = 512,
+        token_holder: Callable[[str], str | None] | None = None,
     ) -> None:
         self._app = app
+        self._token_holder = token_holder
         self._resolve = resolve
         self._wake = wake
+        self._traffic_token = traffic_token
+        self._ended = ended
         self._domain = domain
         self._max_keepalive = max_keepalive
         self._pools: dict[str, SandboxPool] = {}
@@ -166,7 +191,9 @@ class SandboxProxy:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
-            target = target_of(scope["headers"], self._domain)
+            target = target_of(scope["headers"], self._domain, scope.get("path", ""))
+            if target is None and self._token_holder is not None:
+                target = envd_token_target(scope["headers"], scope.get("path", ""), self._token_holder)
             if target is not None:
                 if scope["type"] == "http":
                     await self._http(target, scope, receive, send)
@@ -174,6 +201,15 @@ class SandboxProxy:
                     await self._websocket(target, scope, receive, send)
                 return
         await self._app(scope, receive, send)
+
+    def _refused(self, target: Target, scope: Scope) -> Refusal | None:
+        """Private traffic without the sandbox's token (checked before anything could resume it)."""
+        required = self._traffic_token(target.sandbox_id) if self._traffic_token is not None else None
+        if required is None:
+            return None
+        route = self._resolve(target.sandbox_id)
+        paused = route is not None and route[1] is not SandboxState.RUNNING
+        return refusal(target, scope["headers"], required, paused=paused)
 
     async def _upstream(self, target: Target) -> str | None:
         """The sandbox's address, resuming it first if it is paused and auto-resumes.
@@ -201,16 +237,22 @@ class SandboxProxy:
         return None
 
     async def _http(self, target: Target, scope: Scope, receive: Receive, send: Send) -> None:
+        if (refused := self._refused(target, scope)) is not None:
+            await _send_body(send, refused.status, refused.body())
+            return
         try:
             address = await self._upstream(target)
         except _Paused:
-            await _send_json(send, 410, f"The sandbox {target.sandbox_id} is paused; resume it with connect")
+            paused = _not_running(target.sandbox_id, "it is paused (connect resumes it)")
+            await _send_json(send, 502, paused, target.sandbox_id)
             return
         except TooManyRequestsError as exc:
             await _send_json(send, 429, str(exc))
             return
         if address is None:
-            await _send_json(send, 502, f"The sandbox {target.sandbox_id} was not found")
+            ended = self._ended is not None and self._ended(target.sandbox_id)
+            gone = _not_running(target.sandbox_id, "it was killed or reached its timeout" if ended else None)
+            await _send_json(send, 502, gone, target.sandbox_id)
             return
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP_BY_HOP]
         has_body = any(
@@ -236,7 +278,7 @@ class SandboxProxy:
             )
             return
         except UpstreamError as exc:
-            await _send_json(send, 502, f"The sandbox {target.sandbox_id} was not found: {exc}")
+            await _send_json(send, 502, _not_running(target.sandbox_id, str(exc)), target.sandbox_id)
             return
         try:
             try:
@@ -254,6 +296,13 @@ class SandboxProxy:
                 pool.release(conn, host, port)
 
     async def _websocket(self, target: Target, scope: Scope, receive: Receive, send: Send) -> None:
+        if (refused := self._refused(target, scope)) is not None:
+            await receive()  # websocket.connect
+            if "websocket.http.response" in (scope.get("extensions") or {}):
+                await _send_body(send, refused.status, refused.body(), websocket=True)
+            else:
+                await send({"type": "websocket.close", "code": 1008, "reason": refused.message[:120]})
+            return
         try:
             address = await self._upstream(target)
         except (_Paused, TooManyRequestsError):

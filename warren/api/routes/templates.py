@@ -17,12 +17,12 @@ from starlette.routing import Route
 
 from ...errors import InvalidRequestError, NotFoundError, PayloadTooLargeError, UnavailableError
 from ...ints import parse_optional_int
-from ...store import TemplateRecord, provenance_json
+from ...store import TemplateRecord, build_id_of, provenance_json
 from ...templates.build import Build, BuildService
 from ...templates.buildlog import rfc3339
 from ...templates.steps import parse_build_request
 from ...templates.uploads import upload_too_large
-from ..models import ENVD_VERSION, build_id_of, optional_int, parse_json_object, template_body
+from ..models import ENVD_VERSION, optional_int, parse_json_object, template_body
 from ..services import services
 
 UPLOAD_PATH = "/warren/uploads/{template_id}/{filesHash}"
@@ -74,7 +74,7 @@ async def request_build(request: Request) -> Response:
     if not isinstance(name, str) or not name:
         raise InvalidRequestError("name is required")
     tags = body.get("tags") or []
-    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+    if not isinstance(tags, list):
         raise InvalidRequestError("tags must be a list of strings")
     runtime = body.get("runtime")
     if runtime is not None and not isinstance(runtime, str):
@@ -91,9 +91,9 @@ async def request_build(request: Request) -> Response:
             "templateID": build.template_id,
             "buildID": build.build_id,
             "public": False,
-            "names": [name],
+            "names": [build.name],
             "tags": list(build.tags),
-            "aliases": [name],
+            "aliases": [build.name],
         },
         status_code=202,
     )
@@ -185,7 +185,38 @@ async def alias(request: Request) -> Response:
     return JSONResponse({"templateID": template.id, "public": False})
 
 
+def _string(body: dict[str, Any], key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str) or not value:
+        raise InvalidRequestError(f"{key} is required")
+    return value
+
+
+async def assign_tags(request: Request) -> Response:
+    """``POST /templates/tags`` (201): ``{target: "name[:tag]", tags}`` points the tags at the build
+    ``target`` names; answers ``{tags, buildID}``. Bad tags 400; unknown template or tag 404."""
+    body = parse_json_object(await request.body(), allow_empty=False)
+    build_id, tags = await _builds(request).tags.assign(_string(body, "target"), body.get("tags"))
+    return JSONResponse({"tags": tags, "buildID": build_id}, status_code=201)
+
+
+async def delete_tags(request: Request) -> Response:
+    """``DELETE /templates/tags`` (204): ``{name, tags}``; ``default`` cannot be removed (400)."""
+    body = parse_json_object(await request.body(), allow_empty=False)
+    await _builds(request).tags.remove(_string(body, "name"), body.get("tags"))
+    return Response(status_code=204)
+
+
+async def list_tags(request: Request) -> Response:
+    """``GET /templates/{id}/tags``: ``[{tag, buildID, createdAt}]`` of a template by id or name."""
+    tags = await _builds(request).tags.of(request.path_params["template_id"])
+    return JSONResponse([{"tag": t.tag, "buildID": t.build_id, "createdAt": rfc3339(t.created_at)} for t in tags])
+
+
 ROUTES = [
+    Route("/templates/tags", assign_tags, methods=["POST"]),
+    Route("/templates/tags", delete_tags, methods=["DELETE"]),
+    Route("/templates/{template_id}/tags", list_tags, methods=["GET"]),
     Route("/v3/templates", request_build, methods=["POST"]),
     Route("/templates/aliases/{alias}", alias, methods=["GET"]),
     Route("/templates/{template_id}/files/{filesHash}", files_link, methods=["GET"]),

@@ -12,6 +12,8 @@ Usage::
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import ipaddress
 import logging
 from collections.abc import Collection, Mapping
@@ -20,6 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from warren.errors import RuntimeFailure
+from warren.runtime.net.egress_ca import EgressCA
+from warren.runtime.net.egress_nft import EgressRules
+from warren.runtime.net.egress_policy import CompiledEgress, compile_egress
+from warren.runtime.net.egress_proxy import EgressProxy, ProxyThread
 from warren.runtime.net.nat import DEFAULT_BLOCKED, NatRules, host_subnets
 from warren.runtime.net.netns import (
     IFNAMSIZ,
@@ -30,6 +36,8 @@ from warren.runtime.net.netns import (
     netns_path,
 )
 from warren.runtime.net.pool import AddressPool
+from warren.store import EgressPolicy
+from warren.store.codec import egress_json, egress_of
 
 __all__ = ["NetConfig", "NetworkManager", "SandboxNetwork", "host_nameservers"]
 
@@ -52,6 +60,10 @@ class NetConfig:
     blocked_cidrs: tuple[str, ...] = DEFAULT_BLOCKED
     """Never reachable from a sandbox; the host's own subnets are added at :meth:`NetworkManager.setup`."""
     resolv_conf: Path = field(default=Path("/etc/resolv.conf"))
+    egress_dir: Path | None = None
+    """Where the egress CA is kept (None: a CA that lives only as long as this manager)."""
+    upstream_ca_file: str | None = None
+    """Extra CAs the egress proxy trusts for upstreams of HTTPS hosts with header rules."""
 
 
 @dataclass(frozen=True)
@@ -66,17 +78,21 @@ class SandboxNetwork:
     prefixlen: int
     slot: int
     allow_internet: bool
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
+    """The egress policy its nft rules and the egress proxy enforce."""
 
     @property
     def netns_path(self) -> Path:
         return netns_path(self.netns)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "egress": egress_json(self.egress)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SandboxNetwork:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+        values = {k: data[k] for k in cls.__dataclass_fields__ if k != "egress"}
+        raw = data.get("egress")
+        return cls(**values, egress=egress_of(raw) if isinstance(raw, dict) else EgressPolicy())
 
 
 def host_nameservers(resolv_conf: Path) -> list[str]:
@@ -118,6 +134,12 @@ class NetworkManager:
         self.dns_servers: tuple[str, ...] = self.config.dns_servers or (
             tuple(host_nameservers(self.config.resolv_conf)) or FALLBACK_DNS
         )
+        self.egress_rules = EgressRules(self.config.table)
+        self._egress: dict[str, CompiledEgress] = {}
+        """Guest address -> the policy of the sandbox there (what the egress proxy asks, from its thread:
+        single get/set operations on a dict, atomic under the GIL)."""
+        self.proxy: EgressProxy | None = None
+        self._proxy_thread: ProxyThread | None = None
 
     def netns_name(self, sandbox_id: str) -> str:
         return f"{self.config.netns_prefix}{sandbox_id}"
@@ -129,24 +151,60 @@ class NetworkManager:
         """Install the nft table (idempotent) and enable IPv4 forwarding."""
         blocked = [*self.config.blocked_cidrs, *await host_subnets(self.pool.network)]
         await self.nat.setup(self.dns_servers, blocked)
+        if self.proxy is None:
+            ca = await asyncio.to_thread(EgressCA, self.config.egress_dir)
+            proxy = EgressProxy(self._egress.get, [*blocked, self.config.cidr], ca, self.config.upstream_ca_file,
+                                self.dns_servers)
+            thread = ProxyThread(proxy)
+            await thread.start()
+            self.proxy, self._proxy_thread = proxy, thread
 
     async def teardown(self) -> None:
         """Remove the nft table and restore ``ip_forward``. Sandboxes still running lose egress."""
+        await self.close()
         await self.nat.teardown()
 
-    async def create(self, sandbox_id: str, *, allow_internet: bool = True) -> SandboxNetwork:
+    async def close(self) -> None:
+        """Stop the egress proxy (the node is stopping; sandboxes keep their nft rules)."""
+        if self._proxy_thread is not None:
+            await self._proxy_thread.close()
+        self.proxy = self._proxy_thread = None
+
+    @property
+    def ca_pem(self) -> bytes:
+        """The egress CA certificate sandboxes with header rules must trust."""
+        if self.proxy is None:
+            raise RuntimeFailure("the egress proxy is not running (NetworkManager.setup was not called)")
+        return self.proxy.ca.pem
+
+    async def set_egress(self, net: SandboxNetwork, egress: EgressPolicy) -> SandboxNetwork:
+        """Enforce ``egress`` for ``net`` now (replacing what it had); return the network that records it."""
+        compiled = compile_egress(egress)
+        if compiled.enforced:
+            if self.proxy is None:
+                raise RuntimeFailure("egress policies need the egress proxy (NetworkManager.setup was not called)")
+            self._egress[net.guest_ip] = compiled
+            await self.egress_rules.apply(net.host_if, compiled, self.proxy.port)
+        else:
+            await self.egress_rules.remove(net.host_if)
+            self._egress.pop(net.guest_ip, None)
+        return dataclasses.replace(net, egress=egress)
+
+    async def create(self, sandbox_id: str, *, allow_internet: bool = True,
+                     egress: EgressPolicy | None = None) -> SandboxNetwork:
         """A fresh namespace + veth for ``sandbox_id``. Undoes its own partial work on failure.
 
         A slot whose veth another process (a second node on the host) added between our look and our
         ``link add`` is left to that process, and the next free slot is tried."""
         for _ in range(_SLOT_RACE_RETRIES):
             try:
-                return await self._create_in_slot(sandbox_id, allow_internet)
+                return await self._create_in_slot(sandbox_id, allow_internet, egress or EgressPolicy())
             except _SlotTaken:
                 continue
-        return await self._create_in_slot(sandbox_id, allow_internet, last_try=True)
+        return await self._create_in_slot(sandbox_id, allow_internet, egress or EgressPolicy(), last_try=True)
 
-    async def _create_in_slot(self, sandbox_id: str, allow_internet: bool, *, last_try: bool = False) -> SandboxNetwork:
+    async def _create_in_slot(self, sandbox_id: str, allow_internet: bool, egress: EgressPolicy, *,
+                              last_try: bool = False) -> SandboxNetwork:
         slot = self.pool.allocate(busy=lambda i: link_exists(self._ifname(i)))
         net = SandboxNetwork(
             sandbox_id=sandbox_id,
@@ -161,6 +219,8 @@ class NetworkManager:
         try:
             if not allow_internet:
                 await self.nat.block_internet(net.host_if)  # before the link exists: no window
+            if not egress.is_open:
+                net = await self.set_egress(net, egress)  # also before the link exists
             await create_netns(net.netns, net.host_if, net.host_ip, net.guest_ip, net.prefixlen)
         except RuntimeFailure as exc:
             if last_try or "File exists" not in str(exc) or not link_exists(net.host_if):
@@ -183,6 +243,9 @@ class NetworkManager:
     async def destroy(self, net: SandboxNetwork, *, keep_veth: bool = False) -> None:
         """Remove the veth, the namespace and the nft element; free the slot. Idempotent."""
         await delete_netns(net.netns, None if keep_veth else net.host_if)
+        if not net.egress.is_open or net.guest_ip in self._egress:
+            self._egress.pop(net.guest_ip, None)
+            await self.egress_rules.remove(net.host_if)
         if not net.allow_internet:
             await self.nat.unblock_internet(net.host_if)
         self.pool.release(net.slot)
@@ -190,6 +253,11 @@ class NetworkManager:
     def adopt(self, net: SandboxNetwork) -> None:
         """Re-register a sandbox network that outlived a restart, so its slot is not handed out."""
         self.pool.reserve(net.slot)
+
+    async def adopt_egress(self, net: SandboxNetwork) -> None:
+        """Enforce the egress policy of an adopted network again (the proxy has a new port)."""
+        if not net.egress.is_open:
+            await self.set_egress(net, net.egress)
 
     async def reap(self, keep: Collection[str]) -> list[str]:
         """Delete our namespaces whose sandbox id is not in ``keep``; return the names removed.

@@ -10,6 +10,8 @@ What the rules enforce, for traffic from a sandbox veth (``<veth_prefix>*``):
   (anti-spoofing; sandboxes have CAP_NET_RAW);
 * input (anything addressed to the host itself, on any host address): only replies to connections the
   host opened (the agent) and ICMP pass;
+* nat prerouting (``egress_pre``) and the end of forward: the sandbox's own egress chains, if it has
+  an egress policy (``egress_nft.py``); redirected connections to the egress proxy pass input;
 * forward: nothing is routed *into* a sandbox except replies, so sandbox -> sandbox is dropped; a
   sandbox in ``no_internet`` is dropped; IPv6 is dropped; DNS to the resolvers we hand out passes;
   private, link-local, CGNAT and the host's own subnets are dropped; the rest is masqueraded out.
@@ -85,13 +87,16 @@ class NatRules:
         lines = [
             f"add table {t}",
             f"add set {t} no_internet {{ type ifname; }}",
+            # Not flushed: nodes sharing the table (tests, several nodes on a host) each add their resolvers.
             f"add set {t} dns {{ type ipv4_addr; }}",
-            f"flush set {t} dns",
             f"add set {t} blocked {{ type ipv4_addr; flags interval; auto-merge; }}",
             f"flush set {t} blocked",
             f"add set {t} blocked6 {{ type ipv6_addr; flags interval; auto-merge; }}",
             f"flush set {t} blocked6",
             f"add element {t} blocked6 {{ {', '.join(ALWAYS_DENIED_V6)} }}",
+            # Per-sandbox egress chains (egress_nft.py) hang off these maps, keyed by veth; kept across setups.
+            f"add map {t} egress_fwd {{ type ifname : verdict; }}",
+            f"add map {t} egress_nat {{ type ifname : verdict; }}",
         ]
         if dns:
             lines.append(f"add element {t} dns {{ {', '.join(dns)} }}")
@@ -104,6 +109,8 @@ class NatRules:
             "input": ("type filter hook input priority -10; policy accept;", [
                 f"iifname {v} ct state established,related accept",
                 f"iifname {v} meta l4proto {{ icmp, ipv6-icmp }} accept",
+                # connections our per-sandbox rules redirected to the node's egress proxy
+                f"iifname {v} meta l4proto tcp ct status dnat accept",
                 f"iifname {v} drop",
             ]),
             "forward": ("type filter hook forward priority -10; policy accept;", [
@@ -114,6 +121,10 @@ class NatRules:
                 f"iifname {v} meta nfproto ipv6 drop",
                 f"iifname {v} ip daddr @dns meta l4proto {{ tcp, udp }} th dport 53 accept",
                 f"iifname {v} ip daddr @blocked drop",
+                f"iifname {v} iifname vmap @egress_fwd",
+            ]),
+            "egress_pre": ("type nat hook prerouting priority dstnat; policy accept;", [
+                f"iifname {v} iifname vmap @egress_nat",
             ]),
             "postrouting": ("type nat hook postrouting priority srcnat; policy accept;", [
                 f"ip saddr {self.pool} oifname != {v} masquerade",

@@ -12,13 +12,14 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import weakref
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from warren import phases
-from warren.errors import ConflictError, InvalidRequestError, RuntimeFailure, UnavailableError
+from warren.errors import ConflictError, InvalidRequestError, NotFoundError, RuntimeFailure, UnavailableError
 from warren.runtime.agent_bundle import AGENT_ARGV, agent_environment
 from warren.runtime.base import AGENT_PORT, PauseMode, RuntimeKind, SandboxHandle, SandboxSpec
 from warren.runtime.cgroups import CgroupHierarchies
@@ -27,6 +28,7 @@ from warren.runtime.freezer import freezer_of
 from warren.runtime.net.manager import NetworkManager
 from warren.runtime.oci.cli import CLI_TIMEOUT, RuntimeCli
 from warren.runtime.oci.command import run_command
+from warren.runtime.oci.guestfiles import ensure_rootfs_tmp, write_boot_id
 from warren.runtime.oci.layout import SandboxPaths, SandboxRecord, validate_sandbox_id, write_etc_files
 from warren.runtime.oci.releases import PendingReleases, ReleaseStatistics
 from warren.runtime.oci.snapshots import copy_tree
@@ -35,6 +37,7 @@ from warren.runtime.oci.steps import load_record, read_pid, remove_tree, thread_
 from warren.runtime.probe import agent_process_limits, pin_oom_score
 from warren.runtime.rootfs import is_mountpoint, mount_overlay, unmount
 from warren.runtime.userns import IdmappedLayers, RangeAllocator, UidRange, from_neutral
+from warren.store import EgressPolicy
 
 __all__ = ["RUNSC_HOST_TASKS", "RUN_TIMEOUT", "OciBackendBase"]
 
@@ -87,6 +90,9 @@ class OciBackendBase:
         self._userns_reason = "" if self._uid_ranges is not None else "not asked for"
         self.disks = disks if disks is not None else SandboxDisks(self.state_dir)
         """Per-sandbox disk size (``sandboxes/<id>/disk``, see :mod:`warren.runtime.disk`); may be shared."""
+        mount = shutil.which("mount") if kind is RuntimeKind.RUNC else None
+        self._mount_binary = Path(mount) if mount else None
+        """runc binds each sandbox's boot id with mount(8) as a hook; None: runsc's spec mount does it."""
         self._releases = PendingReleases()
         """Releases of checkpointed sandboxes still running after their pause answered (see :meth:`_settle`)."""
 
@@ -155,12 +161,12 @@ class OciBackendBase:
         return handle
 
     async def _restore_in_place(self, record: SandboxRecord, paths: SandboxPaths, allow_internet: bool,
-                                image: Path) -> SandboxHandle:
+                                image: Path, egress: EgressPolicy) -> SandboxHandle:
         """Restore a checkpointed sandbox from ``image`` with its own bundle into a new netns (same name,
         so ``config.json`` stays valid; new slot, so the address and ``/etc/hosts`` change)."""
         sid = record.sandbox_id
         async with contextlib.AsyncExitStack() as undo:
-            net = await self._network.create(sid, allow_internet=allow_internet)
+            net = await self._network.create(sid, allow_internet=allow_internet, egress=egress)
             undo.push_async_callback(undo_step, "network", self._network.destroy, net)
             record = replace(record, network=net, paused=None)
             await asyncio.to_thread(record.save, paths.record)
@@ -169,6 +175,22 @@ class OciBackendBase:
             handle = await self._run(paths, record, undo, restore=image)
             undo.pop_all()
         return handle
+
+    async def update_egress(self, sandbox_id: str, egress: EgressPolicy) -> None:
+        """Replace the egress policy of a sandbox that has a network (running or frozen) and record it;
+        one without a network gets it from the spec it resumes with."""
+        paths = self.sandbox_paths(sandbox_id)
+        async with self._lock(sandbox_id):
+            await self._releases.wait(sandbox_id)
+            record = self._record(sandbox_id)
+            if record is None:
+                raise NotFoundError(f"no sandbox {sandbox_id} on this node")
+            if record.network is not None and not self._release_pending(record):
+                net = await self._network.set_egress(record.network, egress)
+                await self._save(paths, replace(record, network=net))
+
+    def egress_ca(self) -> bytes:
+        return self._network.ca_pem
 
     def _handle(self, record: SandboxRecord, paths: SandboxPaths) -> SandboxHandle:
         assert record.network is not None
@@ -241,7 +263,7 @@ class OciBackendBase:
         """Network, overlay (unless mounted), bundle, then ``run`` or ``restore``; undo steps go on ``undo``."""
         sid = spec.sandbox_id
         with phases.phase("launch.network"):
-            net = await self._network.create(sid, allow_internet=spec.allow_internet)
+            net = await self._network.create(sid, allow_internet=spec.allow_internet, egress=spec.egress)
         undo.push_async_callback(undo_step, "network", self._network.destroy, net)
         binary = str(spec.runtime_binary) if spec.runtime_binary else None
         record = SandboxRecord(sid, self.kind, spec.resources, net, binary=binary, uid_range=uid_range)
@@ -255,7 +277,8 @@ class OciBackendBase:
             undo.push_async_callback(undo_step, "overlay", self._unmount, paths.rootfs)
             with phases.phase("launch.mount"):
                 await asyncio.to_thread(self._mount_rootfs, layers, paths, uid_range)
-        await asyncio.to_thread(self._write_bundle, spec, paths, record)
+        # A memory image continues the same boot; anything else boots afresh (a new boot id).
+        await asyncio.to_thread(self._write_bundle, spec, paths, record, restore is None)
         with phases.phase("launch.run"):
             return await self._run(paths, record, undo, restore=restore)
 
@@ -302,12 +325,16 @@ class OciBackendBase:
         return {"mode": "per-sandbox", "range_size": 65536, "base": self._uid_ranges.base,
                 "in_use": self._uid_ranges.in_use()}
 
-    def _write_bundle(self, spec: SandboxSpec, paths: SandboxPaths, record: SandboxRecord) -> None:
-        """``/etc`` files and ``config.json`` (blocking file work: run it in a worker thread)."""
-        config = build_config(self._config_inputs(spec, paths, record))
+    def _write_bundle(self, spec: SandboxSpec, paths: SandboxPaths, record: SandboxRecord, new_boot: bool) -> None:
+        """``/etc`` files, the boot id, the rootfs's ``/tmp`` and ``config.json`` (blocking file work: run it
+        in a worker thread, while nothing runs in the sandbox)."""
+        write_boot_id(paths.boot_id, record.uid_range, fresh=new_boot)
+        tmp = ensure_rootfs_tmp(paths.rootfs, record.uid_range)
+        config = build_config(self._config_inputs(spec, paths, record, tmp))
         (paths.bundle / "config.json").write_text(json.dumps(config, indent=1))
 
-    def _config_inputs(self, spec: SandboxSpec, paths: SandboxPaths, record: SandboxRecord) -> ConfigInputs:
+    def _config_inputs(self, spec: SandboxSpec, paths: SandboxPaths, record: SandboxRecord,
+                       rootfs_tmp: Path | None) -> ConfigInputs:
         assert record.network is not None
         resources = spec.resources
         if self.kind is RuntimeKind.GVISOR:
@@ -329,6 +356,10 @@ class OciBackendBase:
             oom_score_adj=SANDBOX_OOM_SCORE_ADJ if self.hardened else self._oom_score_adj,
             hardened=self.hardened,
             uid_range=record.uid_range,
+            tmp_dir=rootfs_tmp if self.kind is RuntimeKind.GVISOR else None,
+            tmp_tmpfs=spec.tmp_tmpfs,
+            boot_id=paths.boot_id if self.kind is RuntimeKind.GVISOR or self._mount_binary else None,
+            mount_binary=self._mount_binary,
         )
 
     async def _release(self, record: SandboxRecord, paths: SandboxPaths, *, paused: PauseMode | None = None) -> None:

@@ -14,6 +14,7 @@
         disk/upper/  disk/work/     overlay upper and work dirs (upper = the sandbox's files)
         lower-empty/                only when the spec has no layers
         etc/{hosts,resolv.conf,hostname}   bind-mounted into the sandbox
+        boot_id                     the sandbox's /proc/sys/kernel/random/boot_id (warren.runtime.oci.guestfiles)
         init.pid                    written by the runtime
         runtime.log                 stdout/stderr of the runtime CLI and of the agent
         checkpoint/                 gVisor memory image while paused with PauseMode.MEMORY
@@ -99,6 +100,10 @@ class SandboxPaths:
     @property
     def checkpoint(self) -> Path:
         return self.root / "checkpoint"
+
+    @property
+    def boot_id(self) -> Path:
+        return self.root / "boot_id"
 
 
 @dataclass(frozen=True)

@@ -157,6 +157,10 @@ class OciRuntime(OciBackendBase):
                 continue
             if record.network is not None:
                 self._network.adopt(record.network)
+                try:
+                    await self._network.adopt_egress(record.network)
+                except RuntimeFailure as exc:  # the sandbox stays; its policy is enforced at the next update
+                    _log.error("egress policy of sandbox %s not restored: %s", record.sandbox_id, exc)
             if record.uid_range is not None and self._uid_ranges is not None:
                 self._uid_ranges.adopt(record.uid_range)
             self._records[record.sandbox_id] = record
@@ -306,10 +310,13 @@ class OciRuntime(OciBackendBase):
             if record.paused is not mode:
                 _log.warning("resuming %s as %s, the mode it was paused with (asked: %s)", sid, record.paused, mode)
             if self._freezes(record.paused) and record.network is not None:
+                net = record.network
+                if net.egress != spec.egress:
+                    net = await self._network.set_egress(net, spec.egress)
                 with phases.phase("runtime.thaw"):
                     await self._thaw(sid)
                 with phases.phase("runtime.save"):
-                    await self._save(paths, replace(record, paused=None))
+                    await self._save(paths, replace(record, paused=None, network=net))
                 return SandboxHandle(sid, self.kind, record.network.guest_ip, AGENT_PORT, read_pid(paths.pid_file))
             restore = paths.checkpoint if record.paused is PauseMode.MEMORY else None
             async with contextlib.AsyncExitStack() as undo:
@@ -459,7 +466,7 @@ class OciRuntime(OciBackendBase):
                 took = await copy_tree(paths.upper, dest / UPPER)
             except BaseException as exc:  # a failure or a cancellation: restore the source, then raise it
                 copy_error, took = exc, 0.0
-            handle = await self._restore_in_place(record, paths, net.allow_internet, image)
+            handle = await self._restore_in_place(record, paths, net.allow_internet, image, net.egress)
         except BaseException:
             await asyncio.shield(undo_step("sandbox", self._release, record, paths))
             raise

@@ -15,8 +15,8 @@ from warren.runtime.oci.seccomp import seccomp_profile
 from warren.runtime.userns import UidRange
 
 __all__ = [
-    "AGENT_OOM_SCORE_ADJ", "CPU_PERIOD_US", "DEFAULT_CAPABILITIES", "HARDENED_CAPABILITIES", "SANDBOX_OOM_SCORE_ADJ",
-    "ConfigInputs", "build_config",
+    "AGENT_OOM_SCORE_ADJ", "BOOT_ID", "CPU_PERIOD_US", "DEFAULT_CAPABILITIES", "HARDENED_CAPABILITIES",
+    "SANDBOX_OOM_SCORE_ADJ", "ConfigInputs", "build_config",
 ]
 
 OCI_VERSION = "1.0.2"
@@ -60,6 +60,7 @@ _HARDENED_MASKED_PATHS = (
 sandbox id), tracing, kernel logs, module parameters."""
 _READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 MIB = 1024 * 1024
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 _SYS_MOUNT = {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}
 _SYS_BIND = {"destination": "/sys", "type": "bind", "source": "/sys",
@@ -91,6 +92,17 @@ class ConfigInputs:
     """seccomp allowlist, cgroup namespace, fewer capabilities, more masked paths (off: benchmarks only)."""
     uid_range: UidRange | None = None
     """The host range of a user namespace (uid/gid 0..65535 inside); None: no user namespace."""
+    tmp_dir: Path | None = None
+    """A host directory bind-mounted at ``/tmp``: gVisor gets the rootfs's own ``/tmp`` this way, as runsc
+    covers an empty ``/tmp`` with a tmpfs of its own otherwise. None: ``/tmp`` is the rootfs's directory,
+    on the sandbox's disk (so builds, snapshots, forks and pauses keep it, as in E2B)."""
+    tmp_tmpfs: bool = False
+    """A tmpfs at ``/tmp`` instead (mode 1777): only for images that ask for one."""
+    boot_id: Path | None = None
+    """A host file (the sandbox's boot id) shown read-only at ``/proc/sys/kernel/random/boot_id``."""
+    mount_binary: Path | None = None
+    """With ``boot_id``: mount(8), run as runc's createContainer hook to bind the file (runc refuses spec
+    mounts under /proc but for a few lxcfs files). None: a spec mount does it (runsc)."""
 
 
 def _mounts(inp: ConfigInputs) -> list[dict[str, Any]]:
@@ -104,13 +116,32 @@ def _mounts(inp: ConfigInputs) -> list[dict[str, Any]]:
         {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
          "options": ["nosuid", "nodev", "mode=1777", shm_size]},
         _SYS_BIND if inp.uid_range is not None else _SYS_MOUNT,
-        {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
         {"destination": AGENT_MOUNT, "type": "bind", "source": str(inp.agent_bundle),
          "options": ["rbind", "ro", "nosuid", "nodev"]},
     ]
+    if inp.tmp_tmpfs:
+        mounts.append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+                       "options": ["nosuid", "nodev", "mode=1777"]})
+    elif inp.tmp_dir is not None:
+        mounts.append({"destination": "/tmp", "type": "bind", "source": str(inp.tmp_dir),
+                       "options": ["rbind", "rw", "nosuid", "nodev"]})
     for dest, src in sorted(inp.etc_files.items()):
         mounts.append({"destination": dest, "type": "bind", "source": str(src), "options": ["bind", "rw"]})
+    if inp.boot_id is not None and inp.mount_binary is None:
+        mounts.append({"destination": BOOT_ID, "type": "bind", "source": str(inp.boot_id),
+                       "options": ["bind", "ro", "nosuid", "nodev", "noexec"]})
     return mounts
+
+
+def _hooks(inp: ConfigInputs) -> dict[str, Any]:
+    """runc: bind the boot id file over procfs's from inside the container's mount namespace, after its
+    mounts and before pivot_root (so host paths still resolve), with the rights of the container's root."""
+    if inp.boot_id is None or inp.mount_binary is None:
+        return {}
+    target = f"{inp.rootfs}{BOOT_ID}"
+    bind = {"path": str(inp.mount_binary),
+            "args": ["mount", "-n", "--bind", "-o", "ro,nosuid,nodev,noexec", str(inp.boot_id), target]}
+    return {"createContainer": [bind]}
 
 
 def _resources(res: Resources) -> dict[str, Any]:
@@ -158,6 +189,8 @@ def build_config(inp: ConfigInputs) -> dict[str, Any]:
     }
     if inp.oom_score_adj is not None:
         config["process"]["oomScoreAdj"] = inp.oom_score_adj
+    if hooks := _hooks(inp):
+        config["hooks"] = hooks
     linux = config["linux"]
     if inp.hardened:
         linux["namespaces"].append({"type": "cgroup"})
