@@ -22,6 +22,9 @@ a section that fails records ``{"error": ...}`` and the others still run:
   through the egress proxy (name check, HTTP header rule, HTTPS interception), runc and gVisor.
 * ``domain`` (bench/domain.py): ``commands.run`` in domain mode (HTTPS, host routing, no
   ``E2B_SANDBOX_URL``) vs header mode, on two nodes, interleaved.
+* ``code_interpreter`` (bench/code_interpreter.py): the ``e2b-code-interpreter`` SDK on runc and gVisor,
+  create-to-first-result of ``1 + 1`` and 100 warm ``1 + 1`` round trips, p50/p99; the template's
+  build or cache import.
 
 ``leftovers`` lists anything the benchmark's nodes left on the host (it should be empty). Numbers
 are wall-clock on a possibly shared host: ``machine.loadavg_*`` says how busy it was.
@@ -57,7 +60,10 @@ TARGETS = {
     "disk_create_to_first_command_on_vs_off_p50_ratio": "<= 1.1",
     "warm_pool_creates_per_s": ">= 30",
 }
-SECTIONS = ("sandboxes", "templates", "lifecycle", "node", "hardening", "disk", "throughput", "egress", "domain")
+SECTIONS = (
+    "sandboxes", "templates", "lifecycle", "node", "hardening", "disk", "throughput", "egress", "domain",
+    "code_interpreter",
+)
 
 
 def _machine() -> dict[str, Any]:
@@ -190,6 +196,12 @@ def main() -> None:
             from bench.domain import run_domain
 
             results["domain"] = section(lambda: run_domain(work / "domain", runsc, scale))
+        if "code_interpreter" in only:
+            from bench.code_interpreter import run_code_interpreter
+
+            results["code_interpreter"] = section(
+                lambda: run_code_interpreter(work / "code_interpreter", runsc, scale)
+            )
         cleanup_bare_cgroups()
         report["leftovers"] = leftovers(work, baseline)
         if report["leftovers"]:
