@@ -22,6 +22,9 @@ a section that fails records ``{"error": ...}`` and the others still run:
   through the egress proxy (name check, HTTP header rule, HTTPS interception), runc and gVisor.
 * ``domain`` (bench/domain.py): ``commands.run`` in domain mode (HTTPS, host routing, no
   ``E2B_SANDBOX_URL``) vs header mode, on two nodes, interleaved.
+* ``code_interpreter`` (bench/code_interpreter.py): the ``e2b-code-interpreter`` SDK on runc and gVisor,
+  create-to-first-result of ``1 + 1`` and 100 warm ``1 + 1`` round trips, p50/p99; the template's
+  build or cache import.
 * ``cluster`` (bench/cluster.py): create and ``commands.run`` p50/p99 through a gateway vs direct to
   the node, and creates/s through a gateway with 3 nodes vs 1.
 
@@ -61,7 +64,8 @@ TARGETS = {
     "gateway_added_commands_run_p50_ms": "< 5",
 }
 SECTIONS = (
-    "sandboxes", "templates", "lifecycle", "node", "hardening", "disk", "throughput", "egress", "domain", "cluster",
+    "sandboxes", "templates", "lifecycle", "node", "hardening", "disk", "throughput", "egress", "domain",
+    "code_interpreter", "cluster",
 )
 
 
@@ -195,6 +199,12 @@ def main() -> None:
             from bench.domain import run_domain
 
             results["domain"] = section(lambda: run_domain(work / "domain", runsc, scale))
+        if "code_interpreter" in only:
+            from bench.code_interpreter import run_code_interpreter
+
+            results["code_interpreter"] = section(
+                lambda: run_code_interpreter(work / "code_interpreter", runsc, scale)
+            )
         if "cluster" in only:
             from bench.cluster import run_cluster
 

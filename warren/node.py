@@ -45,6 +45,7 @@ from .statedir import seal_state_dir
 from .store import Database, SandboxRepo, TemplateRecord, TemplateRepo
 from .store.lock import INSTANCE_LOCK_NAME, acquire_instance_lock
 from .templates.build import BuildRuntime, BuildService, Usage
+from .templates.codeinterp import Provisioner
 
 log = logging.getLogger("warren.node")
 
@@ -215,6 +216,8 @@ async def _serve_locked(
         builds = await _build_service(settings, templates, runc, manager, snapshots)
         builds.on_built = manager.seal_template
         builds.on_deleted = manager.forget_template
+        code_interpreter = Provisioner(builds=builds, templates=templates, cache_dir=settings.cache_dir,
+                                       state_dir=settings.state_dir, on_imported=manager.seal_template)  # fmt: skip
 
         async def import_template(src: Path, name: str, runtime: str | None) -> TemplateRecord:
             return await _import_template(
@@ -232,6 +235,7 @@ async def _serve_locked(
             registry=node_runtimes.registry,
             reload_runtimes=lambda: node_runtimes.reload(settings),
             builds=builds,
+            code_interpreter=code_interpreter,
             info={"node": settings.node_name, "agent_bundle": str(agent_bundle), "footprint": caps.__dict__,
                   "diskQuota": node_runtimes.backends[RuntimeKind.RUNC].disks.status(),
                   **domain_info(settings.domain, tls)},
@@ -299,6 +303,7 @@ async def _serve_locked(
                 sampler.cancel()
                 prewarm.cancel()
                 pool.cancel()  # its finally stops the pooled sandboxes
+                await code_interpreter.aclose()
                 await builds.aclose()
                 await manager.logs.aclose()
                 await node_runtimes.aclose()  # releases of the sandboxes just paused

@@ -12,7 +12,7 @@ from ..errors import WarrenError
 from .auth import key_matches
 from .errors import error_response, unhandled_error_handler, warren_error_handler
 from .proxy import SandboxProxy
-from .routes import images, logs, node, runtimes, sandboxes, snapshots, templates
+from .routes import builtin, images, logs, node, runtimes, sandboxes, snapshots, templates
 from .services import Services
 
 
@@ -63,6 +63,7 @@ def create_app(services: Services, *, max_keepalive: int = 512) -> tuple[ASGIApp
     router = Starlette(
         routes=[
             *sandboxes.ROUTES, *logs.ROUTES, *snapshots.ROUTES, *runtimes.ROUTES, *templates.ROUTES, *images.ROUTES,
+            *builtin.ROUTES,
             *node.ROUTES,
         ],
         exception_handlers={

@@ -15,6 +15,7 @@ from ..runtime.registry import RuntimeRegistry
 from ..snapshots import SnapshotRepository
 from ..store import TemplateRecord, TemplateRepo
 from ..templates.build import BuildService
+from ..templates.codeinterp import Provisioner
 
 
 @dataclass
@@ -31,6 +32,8 @@ class Services:
     reload_runtimes: Callable[[], Awaitable[None]] | None = None
     builds: BuildService | None = None
     """Template builds, image pulls and template deletion (``warren.templates.build``)."""
+    code_interpreter: Provisioner | None = None
+    """Builds ``code-interpreter-v1`` on first use (``warren.templates.codeinterp``)."""
     """Static node facts shown at /health (node name, agent bundle path)."""
 
 

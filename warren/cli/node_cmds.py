@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import time
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Annotated, Any
@@ -90,8 +91,15 @@ def setup(
         Path,
         typer.Option("--cache-dir", envvar="WARREN_CACHE_DIR", help="Where to put the agent bundle and templates."),
     ] = DEFAULT_CACHE_DIR,
+    extras: Annotated[
+        list[str] | None,
+        typer.Option("--with", help="Also build an optional template into the cache: code-interpreter."),
+    ] = None,
 ) -> None:
-    """Build the guest agent bundle and the built-in templates (busybox, base). Needs root."""
+    """Build the guest agent bundle and the built-in templates (busybox, base). Needs root.
+
+    ``--with code-interpreter`` also builds ``code-interpreter-v1`` (minutes; a node otherwise builds it
+    when a sandbox first names it)."""
     console = Console(stderr=True)
     build_agent_bundle = _load("warren.runtime.agent_bundle", "build_agent_bundle")
     guest_src = Path(warren.__file__).parent / "guest"
@@ -110,6 +118,13 @@ def setup(
         built = ensure_builtin_templates(cache_dir, on_progress=on_progress)
     for name, path in built.items():
         console.print(f"  {name}: {path}", highlight=False)
+    for extra in extras or ():
+        build_extra = _load("warren.cli.setup_extras", "build_extra")
+        started = time.monotonic()
+        with console.status(f"Building {extra}…") as status:
+            template = build_extra(cache_dir, extra, lambda line, what=extra: status.update(f"{what}: {line[:100]}"))
+        console.print(f"[green]✓[/green] template {(template.get('names') or [extra])[0]} "
+                      f"({time.monotonic() - started:.0f}s)", highlight=False)  # fmt: skip
 
 
 def gateway(

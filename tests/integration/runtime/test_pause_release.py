@@ -31,6 +31,7 @@ from warren.runtime.base import PauseMode, RuntimeKind, SandboxHandle
 from warren.runtime.net.manager import NetworkManager, SandboxNetwork
 from warren.runtime.net.netns import netns_exists
 from warren.runtime.oci.runtime import OciRuntime
+from warren.store import EgressPolicy
 
 pytestmark = [pytest.mark.root, pytest.mark.runsc]
 
@@ -45,9 +46,10 @@ class GatedNetwork(NetworkManager):
         self.fail_next = False
         self.log: list[str] = []
 
-    async def create(self, sandbox_id: str, *, allow_internet: bool = True) -> SandboxNetwork:
+    async def create(self, sandbox_id: str, *, allow_internet: bool = True,
+                     egress: EgressPolicy | None = None) -> SandboxNetwork:
         self.log.append("create")
-        return await super().create(sandbox_id, allow_internet=allow_internet)
+        return await super().create(sandbox_id, allow_internet=allow_internet, egress=egress)
 
     async def destroy(self, net: SandboxNetwork) -> None:
         self.log.append("destroy")

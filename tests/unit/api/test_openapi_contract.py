@@ -9,7 +9,7 @@ import re
 from starlette.routing import Route
 
 from warren.api.openapi import OPENAPI, OPERATIONS
-from warren.api.routes import images, logs, node, runtimes, sandboxes, snapshots, templates
+from warren.api.routes import builtin, images, logs, node, runtimes, sandboxes, snapshots, templates
 
 _SPELLING = {"{sandbox_id}": "{sandboxID}", "{template_id}": "{templateID}", "{snapshot_id}": "{snapshotID}",
              "{node_id}": "{nodeID}"}  # fmt: skip
@@ -17,7 +17,7 @@ _SPELLING = {"{sandbox_id}": "{sandboxID}", "{template_id}": "{templateID}", "{s
 
 def _routed() -> set[tuple[str, str]]:
     out = set()
-    for module in (sandboxes, logs, snapshots, runtimes, node, templates, images):
+    for module in (sandboxes, logs, snapshots, runtimes, node, templates, images, builtin):
         for route in module.ROUTES:
             assert isinstance(route, Route)
             path = route.path

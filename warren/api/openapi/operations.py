@@ -117,6 +117,8 @@ OPERATIONS: tuple[Operation, ...] = (
     # ----- warren's own
     Operation("post", "/warren/images/pull", "Pull an image into a new template (NDJSON progress)", 200,
               (400, 401, 409, 413, 503), body=ref("ImagePull"), body_required=True),
+    Operation("post", "/warren/templates/ensure", "Build or import a built-in template (NDJSON progress)", 200,
+              (400, 401, 404, 503), body=ref("TemplateEnsure"), body_required=True),
     Operation("post", "/warren/templates/import", "Import a rootfs directory as a template", 201,
               (400, 401, 403, 409), body=ref("TemplateImport"), body_required=True, answer=ref("Template")),
     Operation("post", "/warren/templates/{templateID}/pool", "Set a template's warm-pool size", 200, (400, 401, 404),

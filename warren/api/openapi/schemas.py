@@ -159,6 +159,7 @@ SCHEMAS: dict[str, Schema] = {
     # ----- warren's own
     "FilesUploaded": obj({"filesHash": STR, "size": INT}, ("filesHash", "size")),
     "ImagePull": obj({"image": {"type": "string", "minLength": 1}, "name": STR, "runtime": STR}, ("image",)),
+    "TemplateEnsure": obj({"name": {"type": "string", "minLength": 1}}, ("name",)),
     "TemplateImport": obj({"path": STR, "name": STR, "runtime": STR}, ("path", "name")),
     "PoolSize": obj({"size": {"type": "integer", "minimum": 0}}, ("size",)),
     "RuntimeRecord": obj(

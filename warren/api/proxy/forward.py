@@ -283,7 +283,7 @@ class SandboxProxy:
         try:
             try:
                 async with self._tracked(target.sandbox_id) as cut:
-                    await _pump(conn, method, send)
+                    await _pump(conn, method, send, receive)
             except TimeoutError:
                 if not cut.expired():
                     raise
@@ -377,8 +377,34 @@ async def _send_request(
     return conn
 
 
-async def _pump(conn: UpstreamConnection, method: str, send: Send) -> None:
-    """The response head and body to the client (HEAD, 1xx, 204 and 304 responses have no body)."""
+async def _pump(conn: UpstreamConnection, method: str, send: Send, receive: Receive) -> None:
+    """The response head and body to the client (HEAD, 1xx, 204 and 304 responses have no body).
+
+    A client that disconnects ends the upstream connection too, even while the sandbox sends nothing
+    (a long computation behind a streamed answer: the code interpreter's ``/execute`` interrupts its
+    kernel when its connection closes)."""
+    ending = asyncio.Event()  # set before the last write: the server then reports a disconnect too
+    watcher = asyncio.create_task(_abort_on_disconnect(receive, conn, ending), name="proxy-disconnect-watch")
+    try:
+        await _pump_response(conn, method, send, ending)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+async def _abort_on_disconnect(receive: Receive, conn: UpstreamConnection, ending: asyncio.Event) -> None:
+    """Wait for the client's ``http.disconnect`` (the request body is sent by now) and abort ``conn``,
+    unless the response is ending (uvicorn reports a completed response as a disconnect as well)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if not ending.is_set():
+                conn.abort()
+            return
+
+
+async def _pump_response(conn: UpstreamConnection, method: str, send: Send, ending: asyncio.Event) -> None:
     await send(
         {
             "type": "http.response.start",
@@ -391,9 +417,12 @@ async def _pump(conn: UpstreamConnection, method: str, send: Send) -> None:
         if method != "HEAD":
             async for chunk, last in conn.body():
                 # The last piece ends the response in the same write (uvicorn adds the final chunk).
+                if last:
+                    ending.set()
                 await send({"type": "http.response.body", "body": chunk, "more_body": not last})
                 ended = last
         if not ended:
+            ending.set()
             await send({"type": "http.response.body", "body": b""})
     except (UpstreamError, OSError) as exc:
         log.debug("proxy stream ended early: %s", exc)

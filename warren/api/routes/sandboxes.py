@@ -24,11 +24,17 @@ from ..models import (
 from ..network import parse_update
 from ..services import services
 
+BUILTIN_WAIT_S = 45.0
+"""How long a create naming a built-in template that is not built yet waits for its build: under the SDK's
+request timeout (60 s), so a longer build answers 503 saying so while it goes on."""
+
 
 async def create(request: Request) -> Response:
     svc = services(request)
     with phases.operation("create"):
         req = parse_create(parse_json_object(await request.body(), allow_empty=False))
+        if svc.code_interpreter is not None and svc.code_interpreter.handles(req.template):
+            await svc.code_interpreter.ready(req.template, BUILTIN_WAIT_S)  # first use builds it
         record = await svc.manager.create(req)
         return JSONResponse(sandbox_body(record, svc.settings.domain), status_code=201)
 
