@@ -102,7 +102,7 @@ class GatewayProxy:
             await _send_json(send, 502, f"the node of sandbox {target.sandbox_id} failed: {exc}")
             return
         try:
-            await _pump(conn, method, send)
+            await _pump(conn, method, send, receive)
         finally:
             if method == "HEAD":
                 pool.discard(conn)
