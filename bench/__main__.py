@@ -25,6 +25,8 @@ a section that fails records ``{"error": ...}`` and the others still run:
 * ``code_interpreter`` (bench/code_interpreter.py): the ``e2b-code-interpreter`` SDK on runc and gVisor,
   create-to-first-result of ``1 + 1`` and 100 warm ``1 + 1`` round trips, p50/p99; the template's
   build or cache import.
+* ``cluster`` (bench/cluster.py): create and ``commands.run`` p50/p99 through a gateway vs direct to
+  the node, and creates/s through a gateway with 3 nodes vs 1.
 
 ``leftovers`` lists anything the benchmark's nodes left on the host (it should be empty). Numbers
 are wall-clock on a possibly shared host: ``machine.loadavg_*`` says how busy it was.
@@ -59,10 +61,11 @@ TARGETS = {
     "hardening_resume_on_vs_off_p50_ratio": "<= 1.1",
     "disk_create_to_first_command_on_vs_off_p50_ratio": "<= 1.1",
     "warm_pool_creates_per_s": ">= 30",
+    "gateway_added_commands_run_p50_ms": "< 5",
 }
 SECTIONS = (
     "sandboxes", "templates", "lifecycle", "node", "hardening", "disk", "throughput", "egress", "domain",
-    "code_interpreter",
+    "code_interpreter", "cluster",
 )
 
 
@@ -202,6 +205,10 @@ def main() -> None:
             results["code_interpreter"] = section(
                 lambda: run_code_interpreter(work / "code_interpreter", runsc, scale)
             )
+        if "cluster" in only:
+            from bench.cluster import run_cluster
+
+            results["cluster"] = section(lambda: run_cluster(work / "cluster", runsc, scale))
         cleanup_bare_cgroups()
         report["leftovers"] = leftovers(work, baseline)
         if report["leftovers"]:

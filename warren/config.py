@@ -106,6 +106,16 @@ class Settings:
     profile_file: Path | None = None
     """Append the wall-clock phases of API operations to this file as JSON lines (``WARREN_PROFILE``;
     ``bench --profile``). See ``warren.phases``."""
+    cluster_redis: str | None = None
+    """Redis URL of the cluster this node joins (``--cluster-redis``, ``WARREN_CLUSTER_REDIS``); None: standalone."""
+    node_id: str | None = None
+    """This node's id in the cluster (``WARREN_NODE_ID``); None: one generated once into the state dir."""
+    advertise_url: str | None = None
+    """The URL gateways reach this node's API and proxy at (``WARREN_ADVERTISE_URL``); None: the listen address."""
+    cluster_heartbeat_s: float = 2.0
+    """How often the node writes its membership record into Redis (``WARREN_CLUSTER_HEARTBEAT_S``)."""
+    cluster_ttl_s: float = 10.0
+    """A node whose last heartbeat is older than this is dead (``WARREN_CLUSTER_TTL_S``)."""
 
     @classmethod
     def from_env(cls, state_dir: Path, **overrides: object) -> Settings:
@@ -166,6 +176,11 @@ _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
     "WARREN_NETWORK_PREFIX": ("network_prefix", str),
     "WARREN_EGRESS_UPSTREAM_CA": ("egress_upstream_ca", Path),
     "WARREN_PROFILE": ("profile_file", Path),
+    "WARREN_CLUSTER_REDIS": ("cluster_redis", str),
+    "WARREN_NODE_ID": ("node_id", str),
+    "WARREN_ADVERTISE_URL": ("advertise_url", str),
+    "WARREN_CLUSTER_HEARTBEAT_S": ("cluster_heartbeat_s", float),
+    "WARREN_CLUSTER_TTL_S": ("cluster_ttl_s", float),
 }
 """Environment variable → (Settings field, parser), applied by :meth:`Settings.from_env`."""
 

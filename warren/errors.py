@@ -8,6 +8,7 @@
     ├── ConflictError            the object exists, or is in a state that forbids the action (409)
     │   └── InvalidStateError    lifecycle transition not allowed from the current state
     ├── PayloadTooLargeError     a body or blob over the node's size cap (413)
+    ├── GoneError                it existed, and never will again: a sandbox lost with its node (410)
     ├── TooManyRequestsError     a node cap is reached: concurrent sandboxes (429)
     ├── UnavailableError         the node refuses work right now (draining, overloaded) (503)
     └── HostError                the host failed us (runtime, network, disk): 500
@@ -49,6 +50,10 @@ class InvalidStateError(ConflictError):
 
 class PayloadTooLargeError(WarrenError):
     """A request body (an upload) is larger than the node accepts."""
+
+
+class GoneError(WarrenError):
+    """The object existed and is gone for good (a running sandbox on a node that died)."""
 
 
 class TooManyRequestsError(WarrenError):

@@ -24,6 +24,8 @@ from .aio import wait_event_or_task
 from .api import Services, create_app
 from .api.auth import load_or_create_api_key
 from .api.httpguard import guarded_http_protocol
+from .cluster.membership import Heartbeat, NodeServices, advertise_url, node_id_of
+from .cluster.store import ClusterStore
 from .config import Settings
 from .errors import ConflictError, InvalidRequestError
 from .footprint import FootprintCaps, apply_footprint_caps
@@ -267,16 +269,34 @@ async def _serve_locked(
                     if stop.is_set() or server.should_exit:
                         break
                     await asyncio.sleep(0.01)
+                port = _bound_port(server) or settings.listen_port
                 if ready is not None and not ready.done():
-                    port = _bound_port(server) or settings.listen_port
                     scheme = "https" if tls else "http"
                     ready.set_result({"url": f"{scheme}://{settings.listen_host}:{port}", "api_key": api_key})
+                heartbeat = None
+                if settings.cluster_redis and not stop.is_set():
+                    member = NodeServices(
+                        node_id_of(settings), advertise_url(settings, port, "https" if tls else "http"), manager,
+                        templates, snapshots, node_runtimes.registry,
+                        lambda: tuple(k.value for k, r in runtimes.items() if r.probe().available), time.time(),
+                    )  # fmt: skip
+                    cluster = ClusterStore.connect(settings.cluster_redis)
+                    heartbeat = Heartbeat(cluster, member.node_id, member.snapshot,
+                                          interval_s=settings.cluster_heartbeat_s, ttl_s=settings.cluster_ttl_s)
+                    beating = group.create_task(heartbeat.run(), name="cluster-heartbeat")
                 await wait_event_or_task(stop, serving)
                 # Shutdown order (seed 000): refuse new work, preserve sandboxes while the API still
                 # answers (503 for new lifecycle calls), then stop HTTP, then the helpers.
+                if heartbeat is not None:
+                    heartbeat.draining = True  # gateways place nothing new here from the next beat
+                    heartbeat.poke()
                 report = await preserve_all(manager, concurrency=settings.shutdown_concurrency)
                 if report.failed:
                     log.error("left running (re-adopted at next start): %s", sorted(report.failed))
+                if heartbeat is not None:
+                    beating.cancel()
+                    await heartbeat.leave()  # its roster now says paused: nothing of it is lost
+                    await cluster.aclose()
                 server.should_exit = True
                 timers.cancel()
                 reaper.cancel()

@@ -8,6 +8,7 @@ suite here runs as a user of domain mode would run it.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,11 +48,13 @@ def node_ca(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @contextmanager
-def e2e_node(tmp_path_factory: pytest.TempPathFactory, runsc: Path, domain_ca: Path | None) -> Iterator[Node]:
+def e2e_node(
+    tmp_path_factory: pytest.TempPathFactory, runsc: Path, domain_ca: Path | None, extra: dict[str, str] | None = None
+) -> Iterator[Node]:
     """A started node with ``base-gvisor`` imported (in domain mode with ``domain_ca``)."""
     _need_root()
     # Tests import rootfs copies they make under pytest's temp dir besides the built-in templates.
-    roots = {"WARREN_IMPORT_ROOTS": f"{DEFAULT_CACHE}:{tmp_path_factory.getbasetemp()}"}
+    roots = {"WARREN_IMPORT_ROOTS": f"{DEFAULT_CACHE}:{tmp_path_factory.getbasetemp()}", **(extra or {})}
     state = tmp_path_factory.mktemp("node") / "state"
     with running_node(state, runsc=runsc, extra_env=roots, domain_ca=domain_ca) as n:
         with n.client() as c:
@@ -61,11 +64,33 @@ def e2e_node(tmp_path_factory: pytest.TempPathFactory, runsc: Path, domain_ca: P
         yield n
 
 
+VIA_GATEWAY = os.environ.get("WARREN_E2E_VIA_GATEWAY") == "1"
+"""``WARREN_E2E_VIA_GATEWAY=1``: the node joins a cluster (a real redis-server) and the SDK talks to it
+through a ``warren gateway``; the tests' own admin calls (``node.client()``) still go to the node."""
+
+
 @pytest.fixture(scope="session")
 def node(tmp_path_factory: pytest.TempPathFactory, patched_runsc: Path, node_ca: Path) -> Iterator[Node]:
     domain_ca = node_ca if os.environ.get("WARREN_E2E_DOMAIN") == "1" else None
-    with e2e_node(tmp_path_factory, patched_runsc, domain_ca) as n:
-        yield n
+    if not VIA_GATEWAY:
+        with e2e_node(tmp_path_factory, patched_runsc, domain_ca) as n:
+            yield n
+        return
+    from tests.framework.cluster import HEARTBEAT_S, TTL_S, Gateway
+    from tests.framework.redis import running_redis
+
+    with running_redis(tmp_path_factory.mktemp("redis")) as redis:
+        cluster = {"WARREN_CLUSTER_REDIS": redis.url, "WARREN_CLUSTER_HEARTBEAT_S": str(HEARTBEAT_S),
+                   "WARREN_CLUSTER_TTL_S": str(TTL_S)}  # fmt: skip
+        with e2e_node(tmp_path_factory, patched_runsc, None, cluster) as n:
+            gateway = Gateway(tmp_path_factory.mktemp("gateway"), redis.url, n.api_key)
+            gateway.start()
+            try:
+                n.sdk_url = gateway.url
+                time.sleep(2 * HEARTBEAT_S)  # the node's record has the imported template
+                yield n
+            finally:
+                gateway.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -55,6 +55,8 @@ class Node:
     ``ca-key.pem``) copied into the node's ``tls`` dir, so the node signs its leaf with a CA the test
     process already trusts (``SSL_CERT_FILE`` must be set before the SDK makes its first TLS client)."""
     log_path: Path = field(init=False)
+    sdk_url: str | None = None
+    """Where the SDK goes (``env()``): a gateway in front of this node, or None for the node itself."""
 
     def __post_init__(self) -> None:
         self.log_path = self.state_dir.parent / f"{self.state_dir.name}-node.log"
@@ -71,7 +73,8 @@ class Node:
         """What the E2B SDK needs to talk to this node: in domain mode no ``E2B_SANDBOX_URL``."""
         if self.domain is not None:
             return {"E2B_API_URL": f"https://api.{self.domain}", "E2B_DOMAIN": self.domain, "E2B_API_KEY": self.api_key}
-        return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url, "E2B_API_KEY": self.api_key}
+        url = self.sdk_url or self.url
+        return {"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": self.api_key}
 
     def verify(self) -> ssl.SSLContext | bool:
         """How Python clients check this node's certificate (its CA in domain mode)."""

@@ -60,6 +60,10 @@ def serve(
         typer.Option("--tls-cert", help="Certificate (PEM) for <domain> and *.<domain>; default: the node makes one."),
     ] = None,
     tls_key: Annotated[Path | None, typer.Option("--tls-key", help="Private key (PEM) of --tls-cert.")] = None,
+    cluster_redis: Annotated[
+        str | None,
+        typer.Option("--cluster-redis", help="Join the cluster whose state is in this Redis (redis://host:port/db)."),
+    ] = None,
 ) -> None:
     """Run a warren node until SIGTERM or SIGINT."""
     host, port = parse_listen(listen)
@@ -73,6 +77,8 @@ def serve(
         "domain": domain,
     }
     fields.update({k: v for k, v in (("tls_cert", tls_cert), ("tls_key", tls_key)) if v is not None})
+    if cluster_redis:
+        fields["cluster_redis"] = cluster_redis
     if hasattr(settings_cls, "from_env"):  # applies the node's own WARREN_* variables (api key, ...)
         settings = settings_cls.from_env(state_dir, **fields)
     else:
@@ -121,8 +127,25 @@ def setup(
                       f"({time.monotonic() - started:.0f}s)", highlight=False)  # fmt: skip
 
 
+def gateway(
+    redis: Annotated[str, typer.Option("--redis", envvar="WARREN_CLUSTER_REDIS", help="The cluster's Redis URL.")],
+    listen: Annotated[str, typer.Option("--listen", help="Address to serve on, HOST:PORT.")] = "127.0.0.1:8080",
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="WARREN_API_KEY", help="The API key the nodes share.")
+    ] = None,
+) -> None:
+    """Run a stateless gateway: the E2B API and data-plane proxy in front of the cluster's nodes."""
+    if not api_key:
+        raise CliError("the gateway needs the nodes' API key: --api-key or WARREN_API_KEY")
+    host, port = parse_listen(listen)
+    run_gateway = _load("warren.cluster.gateway", "run_gateway")
+    gateway_settings = _load("warren.cluster.gateway", "GatewaySettings")
+    run_gateway(gateway_settings(redis_url=redis, api_key=api_key, listen_host=host, listen_port=port))
+
+
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
+    app.command("gateway")(gateway)
     app.command("setup")(setup)
 
 

@@ -182,7 +182,13 @@ def _micros(ts: float) -> int:
 
 
 def _encode_token(record: SandboxRecord) -> str:
-    return base64.urlsafe_b64encode(f"{record.started_at!r}:{record.id}".encode()).decode()
+    return encode_list_token(record.started_at, record.id)
+
+
+def encode_list_token(started_at: float, sandbox_id: str) -> str:
+    """The ``nextToken`` of a list page that ends at (``started_at``, ``sandbox_id``): the next page
+    has what sorts after it. A gateway sends it to every node (the order is the same on all)."""
+    return base64.urlsafe_b64encode(f"{started_at!r}:{sandbox_id}".encode()).decode()
 
 
 def _decode_token(token: str) -> tuple[float, str]:

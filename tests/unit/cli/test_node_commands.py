@@ -112,6 +112,54 @@ def test_serve_prefers_settings_from_env(clean_env: Path, runner: CliRunner, mon
     assert overrides["listen_port"] == 3000 and overrides["runsc_path"] is None
 
 
+def test_serve_joins_a_cluster(clean_env: Path, runner: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
+
+    class _EnvSettings:
+        @classmethod
+        def from_env(cls, state_dir: Path, **overrides: object) -> dict[str, object]:
+            return overrides
+
+    monkeypatch.setattr(
+        node_cmds,
+        "_load",
+        _fake_loader({"warren.config.Settings": _EnvSettings, "warren.node.run_node": seen.append}),
+    )
+    result = runner.invoke(app, ["serve", "--cluster-redis", "redis://127.0.0.1:6379/0"])
+    assert result.exit_code == 0, result.output
+    assert seen[0]["cluster_redis"] == "redis://127.0.0.1:6379/0"
+
+
+def test_gateway_needs_redis_and_the_api_key(
+    clean_env: Path, runner: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[Any] = []
+
+    @dataclass(frozen=True)
+    class _GatewaySettings:
+        redis_url: str
+        api_key: str
+        listen_host: str
+        listen_port: int
+
+    monkeypatch.setattr(
+        node_cmds,
+        "_load",
+        _fake_loader(
+            {
+                "warren.cluster.gateway.run_gateway": ran.append,
+                "warren.cluster.gateway.GatewaySettings": _GatewaySettings,
+            }
+        ),
+    )
+    monkeypatch.delenv("WARREN_API_KEY", raising=False)
+    result = runner.invoke(app, ["gateway", "--redis", "redis://r:6379/0"])
+    assert result.exit_code != 0 and "API key" in result.output
+    result = runner.invoke(app, ["gateway", "--redis", "redis://r:6379/0", "--listen", ":8081", "--api-key", "k"])
+    assert result.exit_code == 0, result.output
+    assert ran == [_GatewaySettings("redis://r:6379/0", "k", "0.0.0.0", 8081)]
+
+
 def test_serve_rejects_a_bad_listen_address(clean_env: Path, runner: CliRunner) -> None:
     result = runner.invoke(app, ["serve", "--listen", "nonsense"])
     assert result.exit_code == 2

@@ -1,0 +1,143 @@
+"""Section "cluster": what a gateway adds, and creates/s with three nodes vs one.
+
+One redis-server on loopback, nodes started with ``--cluster-redis``, one ``warren gateway``:
+
+* create-to-first-command and ``commands.run("true")`` p50/p99, direct to the node vs through the
+  gateway, interleaved (same node, same sandbox for the round trips);
+* ``GET /sandboxes/{id}`` (a control-plane call: a binding lookup in Redis, then the node);
+* creates/s through the gateway at 6 concurrent clients with 1 node and with 3 nodes (on one host
+  the nodes share its CPUs: this measures the gateway's spreading, not more hardware).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.stats import summary_ms, timed
+from tests.framework.cluster import Gateway, cluster_node
+from tests.framework.node import Node, free_port
+from tests.framework.redis import REDIS_SERVER, RedisServer
+
+
+@contextlib.contextmanager
+def _cluster(work: Path, runsc: Path | None, n_nodes: int, cap: int) -> Iterator[tuple[list[Node], Gateway]]:
+    redis = RedisServer(work / "redis", free_port())
+    redis.start()
+    key = "wrn_bench_" + os.urandom(8).hex()
+    nodes = [cluster_node(work / f"n{i}" / "state", f"bench-{i}", redis.url, key, runsc, cap) for i in range(n_nodes)]
+    gateway = Gateway(work / "gw", redis.url, key)
+    started: list[Node | Gateway] = []
+    try:
+        for node in nodes:
+            node.state_dir.parent.mkdir(parents=True, exist_ok=True)
+            node.start()
+            started.append(node)
+        gateway.start()
+        started.append(gateway)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with gateway.client() as c:
+                if sum(n["status"] == "ready" for n in c.get("/nodes").json()) == n_nodes:
+                    break
+            time.sleep(0.1)
+        yield nodes, gateway
+    finally:
+        for item in reversed(started):
+            if isinstance(item, Node):
+                with contextlib.suppress(Exception):
+                    item.kill_all_sandboxes()
+            item.stop()
+        redis.stop()
+
+
+def _opts(url: str, key: str) -> dict[str, str]:
+    return {"api_url": url, "sandbox_url": url, "api_key": key}
+
+
+def _create_to_first_command(opts: dict[str, str]) -> float:
+    from e2b import Sandbox
+
+    t0 = time.perf_counter()
+    sbx = Sandbox.create(template="base", timeout=120, **opts)
+    try:
+        sbx.commands.run("true")
+        return time.perf_counter() - t0
+    finally:
+        sbx.kill()
+
+
+def _added(direct: dict[str, Any], gateway: dict[str, Any]) -> dict[str, Any]:
+    return {"direct": direct, "gateway": gateway, "added_p50_ms": round(gateway["p50_ms"] - direct["p50_ms"], 2),
+            "added_p99_ms": round(gateway["p99_ms"] - direct["p99_ms"], 2)}  # fmt: skip
+
+
+def _overhead(work: Path, runsc: Path | None, scale: float) -> dict[str, Any]:
+    from e2b import Sandbox
+
+    with _cluster(work / "one", runsc, 1, 0) as (nodes, gw):
+        node = nodes[0]
+        direct, through = _opts(node.url, node.api_key), _opts(gw.url, gw.api_key)
+        creates: dict[str, list[float]] = {"direct": [], "gateway": []}
+        for _ in range(max(3, int(20 * scale))):
+            creates["direct"].append(_create_to_first_command(direct))
+            creates["gateway"].append(_create_to_first_command(through))
+        sbx = Sandbox.create(template="base", timeout=300, **through)
+        try:
+            via_node = Sandbox.connect(sbx.sandbox_id, **direct)
+            for _ in range(5):
+                sbx.commands.run("true")
+                via_node.commands.run("true")
+            runs: dict[str, list[float]] = {"direct": [], "gateway": []}
+            gets: dict[str, list[float]] = {"direct": [], "gateway": []}
+            with node.client() as dc, gw.client() as gc:
+                for _ in range(max(20, int(200 * scale))):
+                    runs["direct"].append(timed(lambda: via_node.commands.run("true")))
+                    runs["gateway"].append(timed(lambda: sbx.commands.run("true")))
+                    gets["direct"].append(timed(lambda: dc.get(f"/sandboxes/{sbx.sandbox_id}")))
+                    gets["gateway"].append(timed(lambda: gc.get(f"/sandboxes/{sbx.sandbox_id}")))
+        finally:
+            sbx.kill()
+    return {
+        "create_to_first_command": _added(summary_ms(creates["direct"]), summary_ms(creates["gateway"])),
+        "commands_run": _added(summary_ms(runs["direct"]), summary_ms(runs["gateway"])),
+        "get_sandbox": _added(summary_ms(gets["direct"]), summary_ms(gets["gateway"])),
+    }
+
+
+def _creates_per_s(work: Path, runsc: Path | None, n_nodes: int, total: int) -> dict[str, Any]:
+    with _cluster(work / f"x{n_nodes}", runsc, n_nodes, 0) as (_, gw):
+        client = httpx.Client(base_url=gw.url, headers={"X-API-Key": gw.api_key}, timeout=300)
+
+        def one(_: int) -> int:
+            r = client.post("/sandboxes", json={"templateID": "base", "timeout": 120})
+            if r.status_code == 201:
+                client.delete(f"/sandboxes/{r.json()['sandboxID']}")
+            return r.status_code
+
+        try:
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(6) as pool:
+                statuses = list(pool.map(one, range(total)))
+            wall = time.perf_counter() - t0
+        finally:
+            client.close()
+    return {"nodes": n_nodes, "creates": total, "ok": statuses.count(201), "wall_s": round(wall, 2),
+            "creates_per_s": round(statuses.count(201) / wall, 2)}  # fmt: skip
+
+
+def run_cluster(work: Path, runsc: Path | None, scale: float) -> dict[str, Any]:
+    if REDIS_SERVER is None:
+        return {"skipped": "redis-server is not installed"}
+    total = max(6, int(24 * scale))
+    return {
+        "overhead": _overhead(work, runsc, scale),
+        "creates_per_s": [_creates_per_s(work, runsc, n, total) for n in (1, 3)],
+    }

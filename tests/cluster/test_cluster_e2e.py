@@ -1,0 +1,415 @@
+"""Three nodes, two gateways, one real redis-server on loopback: the unmodified E2B SDK through either
+gateway, placement that spreads and never over-commits, and the failures a cluster must survive
+(a gateway restart, a Redis restart, a node SIGKILLed)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from e2b import AsyncSandbox, Sandbox
+from e2b.exceptions import NotFoundException
+
+from tests.framework.cluster import TTL_S, Cluster, Gateway, cluster_node
+from tests.framework.node import DEFAULT_CACHE, Node
+from tests.framework.redis import RedisServer
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+CAP = 4
+NODE_IDS = ("node-a", "node-b", "node-c")
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, patched_runsc: Path
+) -> Iterator[Cluster]:
+    if os.geteuid() != 0:
+        pytest.skip("cluster tests start real sandboxes and need root")
+    if not (DEFAULT_CACHE / "templates" / "base" / "rootfs").is_dir():
+        pytest.skip(f"no built-in templates in {DEFAULT_CACHE}: run `warren setup` first")
+    key = "wrn_test_" + os.urandom(8).hex()
+    base = tmp_path_factory.mktemp("cluster")
+    nodes = [cluster_node(base / i / "state", i, redis_server.url, key, patched_runsc, CAP) for i in NODE_IDS]
+    gateways = [Gateway(base / f"gw{i}", redis_server.url, key) for i in range(2)]
+    started: list[Node | Gateway] = []
+    try:
+        for node in nodes:
+            node.state_dir.parent.mkdir(parents=True)
+            node.start()
+            started.append(node)
+            with node.client() as c:
+                src = str(DEFAULT_CACHE / "templates" / "base" / "rootfs")
+                r = c.post("/warren/templates/import", json={"path": src, "name": "base-gvisor", "runtime": "gvisor"})
+                assert r.status_code == 201, r.text
+        for gw in gateways:
+            gw.start()
+            started.append(gw)
+        c = Cluster(redis_server, nodes, gateways, key)
+        c.wait_nodes(dict.fromkeys(NODE_IDS, "ready"))
+        yield c
+    finally:
+        for item in reversed(started):
+            if isinstance(item, Node):
+                with contextlib.suppress(Exception):
+                    item.kill_all_sandboxes()
+            item.stop()
+
+
+@pytest.fixture(params=["runc", "gvisor"])
+def template(request: pytest.FixtureRequest, cluster: Cluster) -> str:
+    if request.param == "gvisor":
+        with cluster.nodes[0].client() as c:
+            probe = c.get("/health").json()["runtimes"].get("gvisor", {})
+        if not probe.get("available"):
+            pytest.skip(f"gVisor unavailable: {probe.get('reason')}")
+        return "base-gvisor"
+    return "base"
+
+
+def node_of(cluster: Cluster, sandbox_id: str) -> str:
+    """Which node has the sandbox, asked of the nodes themselves (not of the gateway)."""
+    for node_id in NODE_IDS:
+        node = cluster.node(node_id)
+        if node.proc is None or node.proc.poll() is not None:
+            continue
+        with node.client() as c:
+            if c.get(f"/sandboxes/{sandbox_id}").status_code == 200:
+                return node_id
+    raise AssertionError(f"no node has {sandbox_id}")
+
+
+def kill_all(cluster: Cluster) -> None:
+    for node in cluster.nodes:
+        if node.proc is not None and node.proc.poll() is None:
+            node.kill_all_sandboxes()
+
+
+def wait_idle(cluster: Cluster, timeout: float = 20.0) -> None:
+    """Until the nodes' heartbeats say no sandbox holds a slot and no reservation is left."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with cluster.gateways[0].client() as c:
+            nodes = [n for n in c.get("/nodes").json() if n["nodeID"] in NODE_IDS]
+        if all(n["activeCount"] == 0 and n["reserved"] == 0 for n in nodes):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"nodes not idle: {nodes}")
+
+
+def test_nodes_register_with_their_capacity_and_runtimes(cluster: Cluster) -> None:
+    for gw in cluster.gateways:
+        with gw.client() as c:
+            nodes = {n["nodeID"]: n for n in c.get("/nodes").json()}
+            assert set(nodes) >= set(NODE_IDS)
+            for node_id in NODE_IDS:
+                assert nodes[node_id]["status"] == "ready"
+                assert nodes[node_id]["maxSandboxes"] == CAP
+                assert nodes[node_id]["runtimeHashes"]
+                assert "runc" in nodes[node_id]["runtimeClasses"]
+            detail = c.get("/nodes/node-b").json()
+            assert detail["nodeID"] == "node-b" and detail["lostSandboxes"] == []
+            assert c.get("/nodes/nope").status_code == 404
+            assert c.get("/nodes", headers={"X-API-Key": "wrong"}).status_code == 401
+
+
+def test_sdk_through_either_gateway(cluster: Cluster, template: str) -> None:
+    gw0, gw1 = cluster.gateways
+    sbx = Sandbox.create(template=template, timeout=300, **gw0.sdk())
+    try:
+        assert sbx.commands.run("echo hi").stdout.strip() == "hi"
+        sbx.files.write("/home/user/c.txt", "through a gateway")
+        assert sbx.files.read("/home/user/c.txt") == "through a gateway"
+        sbx.commands.run("echo in-memory > /tmp/m.txt")
+        assert sbx.pause() is True
+        assert Sandbox.get_info(sbx.sandbox_id, **gw1.sdk()).state.value == "paused"
+        resumed = Sandbox.connect(sbx.sandbox_id, **gw1.sdk())
+        assert resumed.files.read("/home/user/c.txt") == "through a gateway"
+        assert resumed.commands.run("cat /tmp/m.txt").stdout.strip() == "in-memory"
+        assert any(s.sandbox_id == sbx.sandbox_id for s in Sandbox.list(**gw1.sdk()).next_items())
+        resumed.set_timeout(120)
+    finally:
+        Sandbox.kill(sbx.sandbox_id, **gw1.sdk())
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sbx.sandbox_id, **gw0.sdk())
+    with gw0.client() as c:
+        assert c.get(f"/sandboxes/{sbx.sandbox_id}").status_code == 404
+    assert Sandbox.kill(sbx.sandbox_id, **gw0.sdk()) is False
+
+
+async def test_async_sdk_through_a_gateway(cluster: Cluster, template: str) -> None:
+    gw = cluster.gateways[1]
+    sbx = await AsyncSandbox.create(template=template, timeout=300, **gw.sdk())
+    try:
+        assert (await sbx.commands.run("echo async")).stdout.strip() == "async"
+        await sbx.files.write("/home/user/a.txt", "async-gw")
+        assert await sbx.files.read("/home/user/a.txt") == "async-gw"
+        assert await sbx.pause() is True
+        resumed = await AsyncSandbox.connect(sbx.sandbox_id, **cluster.gateways[0].sdk())
+        assert await resumed.files.read("/home/user/a.txt") == "async-gw"
+    finally:
+        await AsyncSandbox.kill(sbx.sandbox_id, **gw.sdk())
+
+
+def test_creates_spread_over_the_nodes(cluster: Cluster) -> None:
+    ids = []
+    wait_idle(cluster)
+    try:
+        for i in range(3):
+            with cluster.gateways[i % 2].client() as c:
+                r = c.post("/sandboxes", json={"templateID": "base", "timeout": 120})
+                assert r.status_code == 201, r.text
+                ids.append(r.json()["sandboxID"])
+        assert sorted(node_of(cluster, i) for i in ids) == list(NODE_IDS)
+    finally:
+        kill_all(cluster)
+
+
+def test_fifty_concurrent_creates_through_both_gateways_never_exceed_a_nodes_cap(cluster: Cluster) -> None:
+    async def burst() -> list[httpx.Response]:
+        clients = [
+            httpx.AsyncClient(base_url=gw.url, headers={"X-API-Key": cluster.api_key}, timeout=300)
+            for gw in cluster.gateways
+        ]
+        try:
+            return await asyncio.gather(
+                *(clients[i % 2].post("/sandboxes", json={"templateID": "base", "timeout": 300}) for i in range(50))
+            )
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    wait_idle(cluster)  # the previous test's kills are in the nodes' heartbeats
+    try:
+        answers = asyncio.run(burst())
+        statuses = Counter(a.status_code for a in answers)
+        assert set(statuses) <= {201, 429}, [a.text for a in answers if a.status_code not in (201, 429)]
+        # A node counts a create twice for a moment (its slot, and the sandbox already running): a create
+        # racing that moment, or a heartbeat taken in it, may see the node full. Never more than the cap.
+        assert CAP * len(NODE_IDS) - 2 <= statuses[201] <= CAP * len(NODE_IDS), statuses
+        per_node = Counter(node_of(cluster, a.json()["sandboxID"]) for a in answers if a.status_code == 201)
+        assert max(per_node.values()) <= CAP, per_node
+        for node in cluster.nodes:
+            with node.client() as c:
+                assert len(c.get("/v2/sandboxes").json()) <= CAP
+        # Nothing leaked: once the heartbeats settle, the free slots are exactly what the burst left.
+        wait_settled = time.monotonic() + 10
+        with cluster.gateways[1].client() as c:
+            for _ in range(CAP * len(NODE_IDS) - statuses[201]):
+                while (r := c.post("/sandboxes", json={"templateID": "base", "timeout": 120})).status_code == 429:
+                    assert time.monotonic() < wait_settled, r.text
+                    time.sleep(0.2)
+                assert r.status_code == 201, r.text
+            r = c.post("/sandboxes", json={"templateID": "base", "timeout": 120})
+            assert r.status_code == 429, r.text
+    finally:
+        kill_all(cluster)
+
+
+def test_a_drained_node_gets_nothing_new_and_keeps_serving_what_it_has(cluster: Cluster) -> None:
+    gw0, gw1 = cluster.gateways
+    sbx = Sandbox.create(template="base", timeout=300, **gw0.sdk())
+    drained = node_of(cluster, sbx.sandbox_id)
+    try:
+        with gw0.client() as c:
+            assert c.post(f"/nodes/{drained}", json={"status": "draining"}).status_code == 204
+            assert c.post(f"/nodes/{drained}", json={"status": "bogus"}).status_code == 400
+            assert c.post("/nodes/nope", json={"status": "draining"}).status_code == 404
+        cluster.wait_nodes({drained: "draining"})
+        with gw1.client() as c:
+            for _ in range(4):
+                r = c.post("/sandboxes", json={"templateID": "base", "timeout": 120})
+                assert r.status_code == 201, r.text
+                assert node_of(cluster, r.json()["sandboxID"]) != drained
+        assert sbx.commands.run("echo still-served").stdout.strip() == "still-served"
+    finally:
+        with gw0.client() as c:
+            c.post(f"/nodes/{drained}", json={"status": "ready"})
+        kill_all(cluster)
+    cluster.wait_nodes({drained: "ready"})
+
+
+def test_list_merges_every_node_with_pagination(cluster: Cluster) -> None:
+    tag = uuid.uuid4().hex
+    wait_idle(cluster)  # so that the three creates spread over the three nodes
+    try:
+        for _i in range(3):
+            with cluster.gateways[0].client() as c:
+                r = c.post("/sandboxes", json={"templateID": "base", "timeout": 120, "metadata": {"suite": tag}})
+                assert r.status_code == 201, r.text
+        with cluster.gateways[1].client() as c:
+            orders: dict[str, list[str]] = {}
+            for order in ("desc", "asc"):
+                seen: list[dict[str, str]] = []
+                token: str | None = None
+                for _ in range(5):
+                    params = {"metadata": f"suite={tag}", "limit": "1", "order": order}
+                    r = c.get("/v2/sandboxes", params={**params, **({"nextToken": token} if token else {})})
+                    assert r.status_code == 200 and "x-warren-partial" not in r.headers
+                    seen += r.json()
+                    token = r.headers.get("x-next-token")
+                    if not token:
+                        break
+                starts = [s["startedAt"] for s in seen]
+                assert starts == sorted(starts, reverse=order == "desc")
+                orders[order] = [s["sandboxID"] for s in seen]
+            assert len(set(orders["asc"])) == 3 and orders["desc"] == orders["asc"][::-1]
+            assert len({node_of(cluster, s) for s in orders["asc"]}) == 3
+            assert c.get("/v2/sandboxes", params={"nextToken": "garbage"}).status_code == 400
+    finally:
+        kill_all(cluster)
+
+
+def test_a_gateway_restart_loses_nothing(cluster: Cluster) -> None:
+    gw = cluster.gateways[0]
+    sbx = Sandbox.create(template="base", timeout=300, **gw.sdk())
+    try:
+        with gw.client() as c:  # a route the node does not have is its 404, and the sandbox stays bound
+            assert c.post(f"/sandboxes/{sbx.sandbox_id}/no-such-route", json={}).status_code == 404
+            assert c.get(f"/sandboxes/{sbx.sandbox_id}").status_code == 200
+        gw.stop()
+        gw.start()
+        again = Sandbox.connect(sbx.sandbox_id, **gw.sdk())
+        assert again.commands.run("echo after-restart").stdout.strip() == "after-restart"
+    finally:
+        Sandbox.kill(sbx.sandbox_id, **gw.sdk())
+
+
+def test_a_redis_restart_nodes_re_register_and_gateways_recover(cluster: Cluster) -> None:
+    gw0, gw1 = cluster.gateways
+    sbx = Sandbox.create(template="base", timeout=300, **gw0.sdk())
+    try:
+        cluster.redis.restart()  # an empty Redis: no nodes, no bindings
+        cluster.wait_nodes(dict.fromkeys(NODE_IDS, "ready"))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the bindings come back with the next heartbeats
+            with gw1.client() as c:
+                if c.get(f"/sandboxes/{sbx.sandbox_id}").status_code == 200:
+                    break
+            time.sleep(0.1)
+        again = Sandbox.connect(sbx.sandbox_id, **gw1.sdk())
+        assert again.commands.run("echo after-redis").stdout.strip() == "after-redis"
+        fresh = Sandbox.create(template="base", timeout=120, **gw1.sdk())
+        fresh.kill()
+    finally:
+        Sandbox.kill(sbx.sandbox_id, **gw0.sdk())
+
+
+def test_a_sigkilled_node_is_dead_after_its_ttl_and_its_running_sandboxes_are_lost(cluster: Cluster) -> None:
+    gw0, gw1 = cluster.gateways
+    ids = []
+    with gw0.client() as c:
+        for _ in range(3):
+            r = c.post("/sandboxes", json={"templateID": "base", "timeout": 300})
+            assert r.status_code == 201, r.text
+            ids.append(r.json()["sandboxID"])
+    placed = {i: node_of(cluster, i) for i in ids}
+    victim_id = placed[ids[0]]
+    victim = cluster.node(victim_id)
+    try:
+        victim.stop(signal.SIGKILL)
+        started = time.monotonic()
+        nodes = cluster.wait_nodes({victim_id: "dead"}, timeout=TTL_S + 10)
+        assert time.monotonic() - started >= TTL_S - 1.5
+        assert next(n for n in nodes if n["nodeID"] == victim_id)["status"] == "dead"
+        with gw1.client() as c:
+            lost = c.get(f"/nodes/{victim_id}").json()["lostSandboxes"]
+            assert set(lost) >= {i for i in ids if placed[i] == victim_id}  # even one made just before
+            r = c.get(f"/sandboxes/{ids[0]}")
+            assert r.status_code == 410 and "lost" in r.json()["message"], r.text
+            listed = c.get("/v2/sandboxes")
+            assert listed.status_code == 200
+            assert victim_id in listed.headers["x-warren-partial"]
+            assert ids[0] not in {s["sandboxID"] for s in listed.json()}
+            survivors = [i for i in ids if placed[i] != victim_id]
+            assert {s["sandboxID"] for s in listed.json()} >= set(survivors)
+            r = c.post("/sandboxes", json={"templateID": "base", "timeout": 120})
+            assert r.status_code == 201, r.text
+            assert node_of(cluster, r.json()["sandboxID"]) != victim_id
+            assert c.delete(f"/sandboxes/{ids[0]}").status_code == 204  # forgetting a lost sandbox
+            assert c.get(f"/sandboxes/{ids[0]}").status_code == 404
+    finally:
+        victim.start()  # re-adopts (or reaps) what the SIGKILL left behind
+        cluster.wait_nodes({victim_id: "ready"})
+        kill_all(cluster)
+
+
+def test_snapshot_fork_and_metrics_through_the_gateways(cluster: Cluster) -> None:
+    gw0, gw1 = cluster.gateways
+    sbx = Sandbox.create(template="base", timeout=300, **gw0.sdk())
+    made: list[str] = []
+    try:
+        sbx.files.write("/home/user/snap.txt", "in-snapshot")
+        info = sbx.create_snapshot()
+        child = Sandbox.create(template=info.snapshot_id, timeout=120, **gw1.sdk())
+        made.append(child.sandbox_id)
+        assert child.files.read("/home/user/snap.txt") == "in-snapshot"
+        assert node_of(cluster, child.sandbox_id) == node_of(cluster, sbx.sandbox_id)  # where the snapshot is
+        forks = [b for b in sbx.fork(count=2) if isinstance(b, Sandbox)]
+        made += [b.sandbox_id for b in forks]
+        assert len(forks) == 2
+        again = Sandbox.connect(forks[0].sandbox_id, **gw1.sdk())
+        assert again.files.read("/home/user/snap.txt") == "in-snapshot"
+        assert sbx.get_metrics() is not None
+        with gw0.client() as c:  # batch metrics: each node asked for its own sandboxes
+            r = c.get("/sandboxes/metrics", params={"sandbox_ids": f"{sbx.sandbox_id},{child.sandbox_id},nope"})
+            assert r.status_code == 200 and set(r.json()["sandboxes"]) <= {sbx.sandbox_id, child.sandbox_id}
+        assert any(s.snapshot_id == info.snapshot_id for s in Sandbox.list_snapshots(**gw1.sdk()).next_items())
+        for box in made:
+            Sandbox.kill(box, **gw1.sdk())
+        made.clear()
+        assert Sandbox.delete_snapshot(info.snapshot_id, **gw1.sdk()) is True
+    finally:
+        for box in made:
+            Sandbox.kill(box, **gw0.sdk())
+        Sandbox.kill(sbx.sandbox_id, **gw0.sdk())
+
+
+def test_a_stopped_nodes_paused_sandboxes_wait_for_it(cluster: Cluster) -> None:
+    gw0, gw1 = cluster.gateways
+    sbx = Sandbox.create(template="base", timeout=300, **gw0.sdk())
+    sbx.files.write("/home/user/kept.txt", "kept")
+    node_id = node_of(cluster, sbx.sandbox_id)
+    node = cluster.node(node_id)
+    try:
+        node.stop()  # graceful: pauses what runs, then leaves the cluster
+        cluster.wait_nodes({node_id: "stopped"}, timeout=10)
+        with gw1.client() as c:
+            r = c.get(f"/sandboxes/{sbx.sandbox_id}")
+            assert r.status_code == 503 and "paused" in r.json()["message"], r.text
+            assert c.get(f"/nodes/{node_id}").json()["sandboxes"] == {sbx.sandbox_id: "paused"}
+            r = c.post("/sandboxes", json={"templateID": "base", "timeout": 60})
+            assert r.status_code == 201 and node_of(cluster, r.json()["sandboxID"]) != node_id
+            c.delete(f"/sandboxes/{r.json()['sandboxID']}")
+        node.start()
+        cluster.wait_nodes({node_id: "ready"})
+        back = Sandbox.connect(sbx.sandbox_id, **gw1.sdk())
+        assert back.files.read("/home/user/kept.txt") == "kept"
+    finally:
+        if node.proc is None or node.proc.poll() is not None:
+            node.start()
+        Sandbox.kill(sbx.sandbox_id, **gw0.sdk())
+
+
+def test_a_sandbox_made_on_a_node_directly_is_reachable_through_a_gateway_at_once(cluster: Cluster) -> None:
+    node = cluster.node("node-b")
+    with node.client() as c:
+        r = c.post("/sandboxes", json={"templateID": "base", "timeout": 120})
+        assert r.status_code == 201, r.text
+        sandbox_id = r.json()["sandboxID"]
+    try:
+        with cluster.gateways[0].client() as c:  # before any heartbeat could bind it
+            assert c.get(f"/sandboxes/{sandbox_id}").status_code == 200
+        box = Sandbox.connect(sandbox_id, **cluster.gateways[1].sdk())
+        assert box.commands.run("echo direct").stdout.strip() == "direct"
+    finally:
+        Sandbox.kill(sandbox_id, **cluster.gateways[1].sdk())

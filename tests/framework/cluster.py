@@ -1,0 +1,108 @@
+"""A cluster on one host for tests: nodes (``warren serve --cluster-redis``) and gateways (``warren gateway``)
+as subprocesses around one real redis-server, all sharing one API key."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tests.framework.node import DEFAULT_CACHE, Node, free_port
+from tests.framework.redis import RedisServer
+
+HEARTBEAT_S = 0.5
+TTL_S = 3.0
+
+
+@dataclass
+class Gateway:
+    workdir: Path
+    redis_url: str
+    api_key: str
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def sdk(self) -> dict[str, str]:
+        """The E2B SDK's connection options for this gateway."""
+        return {"api_url": self.url, "sandbox_url": self.url, "api_key": self.api_key}
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"X-API-Key": self.api_key}, timeout=120)
+
+    def start(self, timeout: float = 30.0) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "warren.cli.main", "gateway", "--redis", self.redis_url,
+                "--listen", f"127.0.0.1:{self.port}"]  # fmt: skip
+        env = {**os.environ, "WARREN_API_KEY": self.api_key, "PYTHONUNBUFFERED": "1"}
+        log = (self.workdir / f"gateway-{self.port}.log").open("ab")
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"warren gateway exited with {self.proc.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", timeout=1).status_code in (200, 503):
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"warren gateway did not come up in {timeout}s")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@dataclass
+class Cluster:
+    redis: RedisServer
+    nodes: list[Node]
+    gateways: list[Gateway]
+    api_key: str
+
+    def node(self, node_id: str) -> Node:
+        return next(n for n in self.nodes if n.extra_env["WARREN_NODE_ID"] == node_id)
+
+    def wait_nodes(self, want: dict[str, str], timeout: float = 20.0) -> list[dict[str, object]]:
+        """Poll ``GET /nodes`` on the first gateway until each named node has the wanted status."""
+        deadline = time.monotonic() + timeout
+        seen: list[dict[str, object]] = []
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError), self.gateways[0].client() as c:
+                answer = c.get("/nodes")
+                if answer.status_code == 200:
+                    seen = answer.json()
+                    status = {str(n["nodeID"]): str(n["status"]) for n in seen}
+                    if all(status.get(k) == v for k, v in want.items()):
+                        return seen
+            time.sleep(0.1)
+        raise AssertionError(f"nodes did not reach {want}: {seen}")
+
+
+def cluster_node(state_dir: Path, node_id: str, redis_url: str, api_key: str, runsc: Path | None,
+                 max_sandboxes: int) -> Node:  # fmt: skip
+    env = {
+        "WARREN_WARM_POOL": "0",
+        "WARREN_CLUSTER_REDIS": redis_url,
+        "WARREN_NODE_ID": node_id,
+        "WARREN_CLUSTER_HEARTBEAT_S": str(HEARTBEAT_S),
+        "WARREN_CLUSTER_TTL_S": str(TTL_S),
+        "WARREN_MAX_SANDBOXES": str(max_sandboxes),
+    }
+    return Node(state_dir=state_dir, port=free_port(), api_key=api_key, runsc=runsc, cache_dir=DEFAULT_CACHE,
+                extra_env=env)  # fmt: skip

@@ -1,0 +1,238 @@
+"""The gateway's control plane: E2B routes placed or routed to nodes, lists merged, ``/nodes`` from Redis.
+
+* ``POST /sandboxes``: placement (:mod:`warren.cluster.placement`), a slot reserved in Redis, then the
+  create on that node; a node that answers 429 or 503 (its cap, or it started draining) gives the
+  create to the next candidate.
+* Calls on one sandbox go to the node bound to it; a node that no longer has it (a 404 to
+  ``GET``/``DELETE /sandboxes/{id}``) loses the binding.
+* Lists merge every live node's (:mod:`.listing`); ``/nodes`` and ``/nodes/{id}`` read Redis only.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ...api.errors import error_response
+from ...api.models import parse_json_object
+from ...errors import InvalidRequestError, NotFoundError, TooManyRequestsError, UnavailableError
+from ..placement import PlacementRequest, Strategy, place
+from .directory import Directory
+from .listing import PARTIAL_HEADER, list_cluster
+from .upstream import NodeClient, passed_headers, relay
+
+log = logging.getLogger(__name__)
+
+RESERVATION_HOLD_S = 600.0
+"""How long a create's reservation holds when its gateway dies mid-create (a create can pull images)."""
+
+
+@dataclass
+class Gateway:
+    directory: Directory
+    client: NodeClient
+    strategy: Strategy
+
+
+def gateway_of(request: Request) -> Gateway:
+    gw: Gateway = request.app.state.gateway
+    return gw
+
+
+async def create(request: Request) -> Response:
+    gw = gateway_of(request)
+    body = await request.body()
+    template = parse_json_object(body, allow_empty=False).get("templateID")
+    if not isinstance(template, str) or not template:
+        raise InvalidRequestError("templateID is required")
+    nodes = await gw.directory.nodes(fresh=True)
+    candidates = place(PlacementRequest(template), nodes, gw.strategy)
+    known = any(v.info.template(template) or v.info.snapshot(template) for v in nodes)
+    refusals: list[str] = []
+    for view in candidates:
+        held = await gw.directory.store.reserve(view.node_id, hold_s=RESERVATION_HOLD_S)
+        if isinstance(held, str):
+            refusals.append(f"{view.node_id}: {held}")
+            continue
+        try:
+            answer = await gw.client.forward(view.info.url, request, body)
+        except UnavailableError as exc:
+            await gw.directory.store.release(held)
+            refusals.append(f"{view.node_id}: {exc}")
+            continue
+        if answer.status_code == 201:
+            sandbox_id = str(answer.json()["sandboxID"])
+            await gw.directory.store.commit(held, sandbox_id, hold_s=RESERVATION_HOLD_S)
+            return relay(answer)
+        await gw.directory.store.release(held)
+        if answer.status_code in (429, 503) or (answer.status_code == 404 and not known and view is not candidates[-1]):
+            # A cap or a drain the heartbeat did not show yet; or a name no heartbeat had (a snapshot
+            # taken a moment ago): the next node may take it.
+            refusals.append(f"{view.node_id}: {answer.status_code}")
+            continue
+        return relay(answer)
+    if refusals and all(r.endswith(("full", "429")) for r in refusals):
+        raise TooManyRequestsError(f"every node that can run {template!r} is at its sandbox cap")
+    raise UnavailableError(f"no node took the sandbox: {'; '.join(refusals)}")
+
+
+async def list_sandboxes(request: Request) -> Response:
+    gw = gateway_of(request)
+    page = await list_cluster(request, await gw.directory.nodes(), gw.client)
+    headers = {"x-next-token": page.next_token} if page.next_token else {}
+    if page.missing:
+        headers[PARTIAL_HEADER] = ",".join(page.missing)
+    return JSONResponse(page.items, headers=headers)
+
+
+async def batch_metrics(request: Request) -> Response:
+    """``GET /sandboxes/metrics?sandbox_ids=a,b``: each node asked for its own, the answers merged.
+
+    A sandbox no live node has is left out, as a node leaves out one it does not know."""
+    gw = gateway_of(request)
+    raw = ",".join(request.query_params.getlist("sandbox_ids"))
+    ids = list(dict.fromkeys(i.strip() for i in raw.split(",") if i.strip()))
+    if not ids:
+        raise InvalidRequestError("sandbox_ids is required: a comma-separated list of sandbox ids")
+    by_node: dict[str, list[str]] = {}
+    for sandbox_id in ids:
+        node_id = await gw.directory.store.binding(sandbox_id)
+        if node_id is not None:
+            by_node.setdefault(node_id, []).append(sandbox_id)
+    merged: dict[str, object] = {}
+    for node_id, some in by_node.items():
+        view = await gw.directory.node(node_id)
+        if view is None or not view.alive:
+            continue
+        answer = await gw.client.call(
+            view.info.url, "GET", "/sandboxes/metrics", headers=passed_headers(request),
+            params=[("sandbox_ids", ",".join(some))],
+        )  # fmt: skip
+        if answer.status_code != 200:
+            return relay(answer)
+        merged.update(answer.json().get("sandboxes", {}))
+    return JSONResponse({"sandboxes": merged})
+
+
+async def on_sandbox(request: Request) -> Response:
+    """Any call on one sandbox: to its node, as it came."""
+    gw = gateway_of(request)
+    sandbox_id = request.path_params["sandbox_id"]
+    body = await request.body()
+    if request.method == "DELETE":
+        found = await gw.directory.locate(sandbox_id)
+        if not found.node.alive and found.state != "paused":
+            await gw.directory.store.unbind(sandbox_id, found.node.node_id)  # a lost sandbox: forgotten
+            return Response(status_code=204)
+    view = await gw.directory.live(sandbox_id)
+    answer = await gw.client.forward(view.info.url, request, body)
+    on_itself = request.url.path.rstrip("/") == f"/sandboxes/{sandbox_id}"  # not a route the node lacks
+    if on_itself and (answer.status_code == 404 or (request.method == "DELETE" and answer.status_code == 204)):
+        await gw.directory.store.unbind(sandbox_id, view.node_id)
+    elif request.url.path.endswith("/fork") and answer.status_code == 201:
+        for item in answer.json():
+            if isinstance(item, dict) and isinstance(item.get("sandbox"), dict):
+                await gw.directory.store.bind(str(item["sandbox"]["sandboxID"]), view.node_id)
+    return relay(answer)
+
+
+async def merged(request: Request) -> Response:
+    """A list every live node answers in part (snapshots, templates): the parts, concatenated."""
+    gw = gateway_of(request)
+    out: list[object] = []
+    missing = []
+    for view in await gw.directory.nodes():
+        if not view.alive:
+            if view.roster_size:
+                missing.append(view.node_id)
+            continue
+        try:
+            answer = await gw.client.forward(view.info.url, request, b"")
+        except UnavailableError:
+            missing.append(view.node_id)
+            continue
+        if answer.status_code != 200:
+            return relay(answer)
+        out += answer.json()
+    return JSONResponse(out, headers={PARTIAL_HEADER: ",".join(missing)} if missing else None)
+
+
+async def on_holder(request: Request) -> Response:
+    """A snapshot or template by id or name: to the live nodes that hold it (a delete: to each of them)."""
+    gw = gateway_of(request)
+    ref = request.path_params["ref"]
+    holders = [
+        v for v in await gw.directory.nodes(fresh=True)
+        if v.alive and (v.info.snapshot(ref) is not None or v.info.template(ref) is not None)
+    ]  # fmt: skip
+    if not holders:
+        raise NotFoundError(f"template or snapshot {ref} not found")
+    body = await request.body()
+    answers = [
+        await gw.client.forward(v.info.url, request, body) for v in holders[: 1 if request.method == "GET" else None]
+    ]
+    return relay(next((a for a in answers if a.status_code < 300), answers[-1]))
+
+
+async def list_nodes(request: Request) -> Response:
+    views = await gateway_of(request).directory.nodes(fresh=True)
+    return JSONResponse([v.body() for v in views])
+
+
+async def get_node(request: Request) -> Response:
+    gw = gateway_of(request)
+    view = await gw.directory.node(request.path_params["node_id"])
+    if view is None:
+        raise NotFoundError(f"node {request.path_params['node_id']} not found")
+    return JSONResponse(view.body(await gw.directory.store.roster(view.node_id)))
+
+
+async def set_node_status(request: Request) -> Response:
+    """E2B's node status change: ``{"status": "draining"}`` places nothing new there, ``"ready"`` lifts it."""
+    gw = gateway_of(request)
+    node_id = request.path_params["node_id"]
+    status = parse_json_object(await request.body(), allow_empty=False).get("status")
+    if status not in ("draining", "ready"):
+        raise InvalidRequestError("status must be 'draining' or 'ready'")
+    if await gw.directory.node(node_id) is None:
+        raise NotFoundError(f"node {node_id} not found")
+    await gw.directory.store.set_drain(node_id, status == "draining")
+    return Response(status_code=204)
+
+
+async def health(request: Request) -> Response:
+    ok = await gateway_of(request).directory.store.ping()
+    body = {"status": "ok" if ok else "degraded", "role": "gateway", "redis": "up" if ok else "down"}
+    return JSONResponse(body, status_code=200 if ok else 503)
+
+
+async def not_here(request: Request) -> Response:
+    return error_response(
+        501, f"{request.method} {request.url.path} is not served by the gateway yet: call a node directly"
+    )
+
+
+ROUTES = [
+    Route("/health", health, methods=["GET"]),
+    Route("/sandboxes", create, methods=["POST"]),
+    Route("/v2/sandboxes", create, methods=["POST"]),
+    Route("/sandboxes", list_sandboxes, methods=["GET"]),
+    Route("/v2/sandboxes", list_sandboxes, methods=["GET"]),
+    Route("/sandboxes/metrics", batch_metrics, methods=["GET"]),  # before /sandboxes/{sandbox_id}
+    Route("/sandboxes/{sandbox_id}", on_sandbox, methods=["GET", "DELETE"]),
+    Route("/sandboxes/{sandbox_id}/{action:path}", on_sandbox, methods=["GET", "POST", "PUT"]),
+    Route("/v2/sandboxes/{sandbox_id}/{action:path}", on_sandbox, methods=["GET", "POST"]),
+    Route("/snapshots", merged, methods=["GET"]),
+    Route("/templates", merged, methods=["GET"]),
+    Route("/v2/templates", merged, methods=["GET"]),
+    Route("/snapshots/{ref}", on_holder, methods=["GET", "DELETE"]),
+    Route("/templates/{ref}", on_holder, methods=["GET", "DELETE"]),
+    Route("/nodes", list_nodes, methods=["GET"]),
+    Route("/nodes/{node_id}", get_node, methods=["GET"]),
+    Route("/nodes/{node_id}", set_node_status, methods=["POST"]),
+    Route("/{rest:path}", not_here, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+]

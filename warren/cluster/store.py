@@ -1,0 +1,203 @@
+"""The cluster's shared state in Redis: membership, rosters, bindings and capacity reservations.
+
+Every Redis failure leaves this module as :class:`~warren.errors.UnavailableError` (503): the gateways
+and the node's heartbeat treat Redis being away as a passing condition and try again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..errors import UnavailableError
+from . import scripts
+from .records import NodeInfo, NodeView
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "warren:"
+
+
+class Reserved:
+    """A slot held on a node for one create, until the node's heartbeat counts the sandbox."""
+
+    def __init__(self, node_id: str, token: str) -> None:
+        self.node_id = node_id
+        self.token = token
+
+
+@contextlib.asynccontextmanager
+async def _redis_errors(what: str) -> AsyncIterator[None]:
+    try:
+        yield
+    except RedisError as exc:
+        raise UnavailableError(f"the cluster store (Redis) is unavailable ({what}): {exc}") from exc
+
+
+class ClusterStore:
+    def __init__(self, client: aioredis.Redis, prefix: str = DEFAULT_PREFIX) -> None:
+        self._r = client
+        self._p = prefix
+        self._heartbeat = client.register_script(scripts.HEARTBEAT)
+        self._reserve = client.register_script(scripts.RESERVE)
+        self._commit = client.register_script(scripts.COMMIT)
+        self._unbind = client.register_script(scripts.UNBIND)
+        self._bind = client.register_script(scripts.BIND)
+
+    @classmethod
+    def connect(cls, url: str, prefix: str = DEFAULT_PREFIX, timeout_s: float = 2.0) -> ClusterStore:
+        """A store on a Redis URL (``redis://host:port/db``); connects lazily, reconnects by itself."""
+        client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), 2),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+            decode_responses=True,
+        )
+        return cls(client, prefix)
+
+    async def aclose(self) -> None:
+        await self._r.aclose()
+
+    def _node_keys(self, node_id: str) -> tuple[str, str, str, str, str]:
+        base = f"{self._p}node:{node_id}"
+        return base, f"{base}:alive", f"{base}:roster", f"{base}:resv", f"{base}:resv-sid"
+
+    def _drain_key(self, node_id: str) -> str:
+        return f"{self._p}node:{node_id}:drain"
+
+    def _bound_key(self, node_id: str) -> str:
+        return f"{self._p}node:{node_id}:bound"
+
+    # ----- node side ---------------------------------------------------------------------------------
+
+    async def heartbeat(self, info: NodeInfo, roster: Mapping[str, str], *, ttl_s: float, grace_s: float) -> None:
+        """Register or refresh ``info`` for ``ttl_s``; replace the node's roster and bind its sandboxes."""
+        node, alive, roster_key, resv, resv_sid = self._node_keys(info.node_id)
+        args: list[Any] = [
+            info.node_id, int(ttl_s * 1000), info.to_json(), info.max_sandboxes, info.active,
+            "1" if info.draining else "0", int(grace_s * 1000),
+        ]  # fmt: skip
+        for sandbox_id, state in roster.items():
+            args += [sandbox_id, state]
+        keys = [f"{self._p}nodes", node, alive, roster_key, resv, resv_sid, f"{self._p}bindings",
+                self._bound_key(info.node_id)]  # fmt: skip
+        async with _redis_errors("heartbeat"):
+            await self._heartbeat(keys=keys, args=args)
+
+    async def leave(self, node_id: str) -> None:
+        """The node stops (gracefully): it is no longer live; its record and roster stay for its return."""
+        async with _redis_errors("leave"):
+            await self._r.delete(self._node_keys(node_id)[1])
+
+    # ----- gateway side ------------------------------------------------------------------------------
+
+    async def nodes(self) -> list[NodeView]:
+        """Every node ever registered, live or dead, with the reservations held on it."""
+        async with _redis_errors("list nodes"):
+            ids = sorted(str(i) for i in await self._r.smembers(f"{self._p}nodes"))
+            if not ids:
+                return []
+            pipe = self._r.pipeline(transaction=False)
+            for node_id in ids:
+                node, alive, _, resv, _ = self._node_keys(node_id)
+                pipe.hget(node, "info")
+                pipe.exists(alive)
+                pipe.zcard(resv)
+                pipe.exists(self._drain_key(node_id))
+                pipe.hlen(self._node_keys(node_id)[2])
+            raw = await pipe.execute()
+        views = []
+        for i, node_id in enumerate(ids):
+            info_json, alive_n, reserved, drained, listed = raw[5 * i : 5 * i + 5]
+            if info_json is None:
+                continue
+            try:
+                info = NodeInfo.from_json(info_json)
+            except Exception as exc:
+                log.warning("skipping node %s: %s", node_id, exc)
+                continue
+            views.append(NodeView(info, bool(alive_n), int(reserved), bool(drained), int(listed)))
+        return views
+
+    async def node(self, node_id: str) -> NodeView | None:
+        return next((v for v in await self.nodes() if v.node_id == node_id), None)
+
+    async def roster(self, node_id: str) -> dict[str, str]:
+        """The node's sandboxes (id -> ``running``/``paused``) at its last heartbeat."""
+        async with _redis_errors("roster"):
+            raw = await self._r.hgetall(self._node_keys(node_id)[2])
+        return {str(k): str(v) for k, v in raw.items()}
+
+    async def binding(self, sandbox_id: str) -> str | None:
+        """The node that has ``sandbox_id``, or None."""
+        async with _redis_errors("lookup"):
+            found = await self._r.hget(f"{self._p}bindings", sandbox_id)
+        return str(found) if found is not None else None
+
+    async def bind(self, sandbox_id: str, node_id: str) -> None:
+        """A sandbox made on ``node_id`` outside a create (a fork child): bound, and running in its roster."""
+        keys = [f"{self._p}bindings", self._node_keys(node_id)[2], self._bound_key(node_id)]
+        async with _redis_errors("bind"):
+            await self._bind(keys=keys, args=[sandbox_id, node_id])
+
+    async def unbind(self, sandbox_id: str, node_id: str) -> None:
+        """Forget the binding if it still names ``node_id``; drop the sandbox from that node's roster."""
+        async with _redis_errors("unbind"):
+            await self._unbind(keys=[f"{self._p}bindings"], args=[sandbox_id, node_id])
+            await self._r.hdel(self._node_keys(node_id)[2], sandbox_id)
+            await self._r.zrem(self._bound_key(node_id), sandbox_id)
+
+    async def reserve(self, node_id: str, *, hold_s: float) -> Reserved | str:
+        """Take a slot on ``node_id`` atomically; the reason (``full``, ``dead``, ``draining``) when not."""
+        token = secrets.token_hex(8)
+        node, alive, _, resv, _ = self._node_keys(node_id)
+        async with _redis_errors("reserve"):
+            keys = [alive, node, resv, self._drain_key(node_id)]
+            result = int(await self._reserve(keys=keys, args=[token, int(hold_s * 1000)]))
+        if result == 1:
+            return Reserved(node_id, token)
+        return {0: "full", -1: "dead", -2: "draining"}.get(result, "unknown")
+
+    async def commit(self, reserved: Reserved, sandbox_id: str, *, hold_s: float) -> None:
+        """The create succeeded: bind the sandbox; the slot stays held until the node's heartbeat has it."""
+        _, _, roster, resv, resv_sid = self._node_keys(reserved.node_id)
+        async with _redis_errors("commit"):
+            await self._commit(
+                keys=[resv, resv_sid, f"{self._p}bindings", roster, self._bound_key(reserved.node_id)],
+                args=[reserved.token, sandbox_id, reserved.node_id, int(hold_s * 1000)],
+            )
+
+    async def release(self, reserved: Reserved) -> None:
+        """The create failed: give the slot back."""
+        _, _, _, resv, resv_sid = self._node_keys(reserved.node_id)
+        async with _redis_errors("release"):
+            pipe = self._r.pipeline(transaction=True)
+            pipe.zrem(resv, reserved.token)
+            pipe.hdel(resv_sid, reserved.token)
+            await pipe.execute()
+
+    async def set_drain(self, node_id: str, drain: bool) -> None:
+        """An admin's drain: no create is placed on the node until it is lifted (the node keeps serving)."""
+        async with _redis_errors("drain"):
+            if drain:
+                await self._r.set(self._drain_key(node_id), "1")
+            else:
+                await self._r.delete(self._drain_key(node_id))
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._r.ping())
+        except RedisError:
+            return False
