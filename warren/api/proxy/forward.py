@@ -33,7 +33,7 @@ from .upstream import (
 
 log = logging.getLogger(__name__)
 
-_HOP_BY_HOP = frozenset(
+HOP_BY_HOP = frozenset(
     {
         b"connection",
         b"keep-alive",
@@ -54,7 +54,7 @@ _WAKE_DEADLINE_S = 60.0
 """How long proxied requests wait for a paused sandbox to auto-resume (gVisor restores take ~0.3-2 s)."""
 
 
-async def _send_json(send: Send, status: int, message: str, sandbox_id: str | None = None) -> None:
+async def send_json(send: Send, status: int, message: str, sandbox_id: str | None = None) -> None:
     fields: dict[str, object] = {"code": status, "message": message}
     if sandbox_id is not None:
         fields["sandboxId"] = sandbox_id
@@ -78,7 +78,7 @@ async def _send_body(send: Send, status: int, payload: dict[str, object], *, web
 _NOT_ORIGIN_FORM = "the request target must be a path starting with '/'"
 
 
-def _origin_path(scope: Scope) -> bytes | None:
+def origin_path(scope: Scope) -> bytes | None:
     """The request's raw path if it is origin-form (starts with ``/``), else None (``*``, ``@host``, ``http://``)."""
     raw: bytes = scope.get("raw_path") or scope.get("path", "").encode("latin-1")
     return raw if raw.startswith(b"/") else None
@@ -244,24 +244,24 @@ class SandboxProxy:
             address = await self._upstream(target)
         except _Paused:
             paused = _not_running(target.sandbox_id, "it is paused (connect resumes it)")
-            await _send_json(send, 502, paused, target.sandbox_id)
+            await send_json(send, 502, paused, target.sandbox_id)
             return
         except TooManyRequestsError as exc:
-            await _send_json(send, 429, str(exc))
+            await send_json(send, 429, str(exc))
             return
         if address is None:
             ended = self._ended is not None and self._ended(target.sandbox_id)
             gone = _not_running(target.sandbox_id, "it was killed or reached its timeout" if ended else None)
-            await _send_json(send, 502, gone, target.sandbox_id)
+            await send_json(send, 502, gone, target.sandbox_id)
             return
-        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP_BY_HOP]
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
         has_body = any(
             (k.lower() == b"content-length" and v != b"0") or k.lower() == b"transfer-encoding"
             for k, v in scope["headers"]
         )
-        path = _origin_path(scope)
+        path = origin_path(scope)
         if path is None:
-            await _send_json(send, 400, _NOT_ORIGIN_FORM)
+            await send_json(send, 400, _NOT_ORIGIN_FORM)
             return
         query = scope.get("query_string", b"")
         # The target is origin-form (starts with "/"): it names a path on the sandbox's port only.
@@ -269,21 +269,21 @@ class SandboxProxy:
         host, port = address, target.port
         pool = self._pool(target.sandbox_id)
         method: str = scope["method"]
-        body = _body(receive) if has_body else None
+        body = request_body_of(receive) if has_body else None
         try:
-            conn = await _send_request(pool, host, port, method, request_target, headers, body)
+            conn = await send_request(pool, host, port, method, request_target, headers, body)
         except UpstreamConnectError:
-            await _send_json(
+            await send_json(
                 send, 502, f"The sandbox {target.sandbox_id} is running but port {target.port} is not open"
             )
             return
         except UpstreamError as exc:
-            await _send_json(send, 502, _not_running(target.sandbox_id, str(exc)), target.sandbox_id)
+            await send_json(send, 502, _not_running(target.sandbox_id, str(exc)), target.sandbox_id)
             return
         try:
             try:
                 async with self._tracked(target.sandbox_id) as cut:
-                    await _pump(conn, method, send, receive)
+                    await relay_response(conn, method, send, receive)
             except TimeoutError:
                 if not cut.expired():
                     raise
@@ -313,7 +313,7 @@ class SandboxProxy:
         if address is None:
             await send({"type": "websocket.close", "code": 1011, "reason": "sandbox was not found"})
             return
-        raw_path = _origin_path(scope)
+        raw_path = origin_path(scope)
         if raw_path is None:
             await send({"type": "websocket.close", "code": 1008, "reason": _NOT_ORIGIN_FORM[:120]})
             return
@@ -331,7 +331,7 @@ class SandboxProxy:
             await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
             async with self._tracked(target.sandbox_id) as cut:
                 try:
-                    await _pump_websocket(upstream, receive, send)
+                    await pump_websocket(upstream, receive, send)
                 except BaseException:
                     upstream.transport.abort()  # a reset, before abort() moves on to pause or kill
                     raise
@@ -345,7 +345,7 @@ class SandboxProxy:
             await upstream.close()
 
 
-async def _send_request(
+async def send_request(
     pool: SandboxPool,
     host: str,
     port: int,
@@ -377,7 +377,7 @@ async def _send_request(
     return conn
 
 
-async def _pump(conn: UpstreamConnection, method: str, send: Send, receive: Receive) -> None:
+async def relay_response(conn: UpstreamConnection, method: str, send: Send, receive: Receive) -> None:
     """The response head and body to the client (HEAD, 1xx, 204 and 304 responses have no body).
 
     A client that disconnects ends the upstream connection too, even while the sandbox sends nothing
@@ -409,7 +409,7 @@ async def _pump_response(conn: UpstreamConnection, method: str, send: Send, endi
         {
             "type": "http.response.start",
             "status": conn.status,
-            "headers": [(k, v) for k, v in conn.headers if k.lower() not in _HOP_BY_HOP],
+            "headers": [(k, v) for k, v in conn.headers if k.lower() not in HOP_BY_HOP],
         }
     )
     try:
@@ -428,7 +428,7 @@ async def _pump_response(conn: UpstreamConnection, method: str, send: Send, endi
         log.debug("proxy stream ended early: %s", exc)
 
 
-async def _pump_websocket(upstream: Any, receive: Receive, send: Send) -> None:
+async def pump_websocket(upstream: Any, receive: Receive, send: Send) -> None:
     async def client_to_upstream() -> None:
         while True:
             message = await receive()
@@ -448,7 +448,7 @@ async def _pump_websocket(upstream: Any, receive: Receive, send: Send) -> None:
     await race(client_to_upstream(), upstream_to_client(), names=("ws-client-to-upstream", "ws-upstream-to-client"))
 
 
-async def _body(receive: Receive) -> AsyncIterator[bytes]:
+async def request_body_of(receive: Receive) -> AsyncIterator[bytes]:
     while True:
         message: Message = await receive()
         if message["type"] == "http.disconnect":

@@ -16,7 +16,15 @@ import websockets
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ...api.proxy import target_of
-from ...api.proxy.forward import _HOP_BY_HOP, _body, _origin_path, _pump, _pump_websocket, _send_json, _send_request
+from ...api.proxy.forward import (
+    HOP_BY_HOP,
+    origin_path,
+    pump_websocket,
+    relay_response,
+    request_body_of,
+    send_json,
+    send_request,
+)
 from ...api.proxy.routing import Target
 from ...api.proxy.upstream import RESET_ON_CLOSE, SandboxPool, UpstreamConnectError, UpstreamError
 from ...errors import GoneError, NotFoundError, UnavailableError
@@ -68,18 +76,18 @@ class GatewayProxy:
 
     @staticmethod
     def _headers(scope: Scope, target: Target) -> list[tuple[bytes, bytes]]:
-        kept = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP_BY_HOP and k.lower() not in _ROUTING]
+        kept = [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP and k.lower() not in _ROUTING]
         return [*kept, (_ROUTING[0], target.sandbox_id.encode()), (_ROUTING[1], str(target.port).encode())]
 
     async def _http(self, target: Target, scope: Scope, receive: Receive, send: Send) -> None:
         node = await self._node(target)
         if isinstance(node[0], int):
-            await _send_json(send, node[0], str(node[1]))
+            await send_json(send, node[0], str(node[1]))
             return
         host, port = str(node[0]), int(node[1])
-        path = _origin_path(scope)
+        path = origin_path(scope)
         if path is None:
-            await _send_json(send, 400, "the request target must be a path starting with '/'")
+            await send_json(send, 400, "the request target must be a path starting with '/'")
             return
         query = scope.get("query_string", b"")
         has_body = any(
@@ -91,18 +99,18 @@ class GatewayProxy:
             pool = self._pools[f"{host}:{port}"] = SandboxPool(self._max_keepalive)
         method: str = scope["method"]
         try:
-            conn = await _send_request(
+            conn = await send_request(
                 pool, host, port, method, path + (b"?" + query if query else b""), self._headers(scope, target),
-                _body(receive) if has_body else None,
+                request_body_of(receive) if has_body else None,
             )  # fmt: skip
         except UpstreamConnectError:
-            await _send_json(send, 502, f"the node of sandbox {target.sandbox_id} is not reachable")
+            await send_json(send, 502, f"the node of sandbox {target.sandbox_id} is not reachable")
             return
         except UpstreamError as exc:
-            await _send_json(send, 502, f"the node of sandbox {target.sandbox_id} failed: {exc}")
+            await send_json(send, 502, f"the node of sandbox {target.sandbox_id} failed: {exc}")
             return
         try:
-            await _pump(conn, method, send, receive)
+            await relay_response(conn, method, send, receive)
         finally:
             if method == "HEAD":
                 pool.discard(conn)
@@ -117,7 +125,7 @@ class GatewayProxy:
         if isinstance(node[0], int):
             await send({"type": "websocket.close", "code": 1011, "reason": str(node[1])[:120]})
             return
-        raw_path = _origin_path(scope)
+        raw_path = origin_path(scope)
         if raw_path is None:
             await send({"type": "websocket.close", "code": 1008, "reason": "the request target must be a path"})
             return
@@ -137,7 +145,7 @@ class GatewayProxy:
         upstream.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_ON_CLOSE)
         try:
             await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
-            await _pump_websocket(upstream, receive, send)
+            await pump_websocket(upstream, receive, send)
         finally:
             with contextlib.suppress(Exception):
                 await upstream.close()
