@@ -22,6 +22,7 @@ pytest_plugins = [
     "tests.framework.rootfs",
     "tests.framework.runsc",
     "tests.framework.runtime",
+    "tests.framework.tls",
 ]
 
 

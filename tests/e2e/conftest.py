@@ -13,12 +13,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import certifi
 import pytest
 from e2b import Sandbox
 
-from tests.framework.node import DEFAULT_CACHE, DOMAIN_HOST, Node, running_node
-from warren.node_tls import ensure_node_certificate
+from tests.framework.node import DEFAULT_CACHE, Node, running_node
 
 RUNTIMES = ["runc", "gvisor"]
 
@@ -28,23 +26,6 @@ def _need_root() -> None:
         pytest.skip("end-to-end tests start real sandboxes and need root")
     if not (DEFAULT_CACHE / "templates" / "base" / "rootfs").is_dir():
         pytest.skip(f"no built-in templates in {DEFAULT_CACHE}: run `warren setup` (scripts/setup.sh) first")
-
-
-@pytest.fixture(scope="session", autouse=True)
-def node_ca(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The CA of every domain-mode node of the session, trusted by this process from the start.
-
-    The SDK builds its TLS clients once per process and reads ``SSL_CERT_FILE`` then, as a user's
-    program would: so the file (the usual public roots plus this CA) is in place before any test runs.
-    """
-    ca_dir = tmp_path_factory.mktemp("node-ca")
-    files = ensure_node_certificate(ca_dir, DOMAIN_HOST)
-    assert files.ca is not None
-    bundle = ca_dir / "bundle.pem"
-    bundle.write_bytes(Path(certifi.where()).read_bytes() + b"\n" + files.ca.read_bytes())
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SSL_CERT_FILE", str(bundle))
-        yield ca_dir
 
 
 @contextmanager
