@@ -86,13 +86,13 @@ def _on_shared_node(
     """The sandboxes, templates and lifecycle sections, on one node (warm pool off unless a section sets it).
 
     With ``profile`` the node writes its phases (``warren.phases``) and ``report["profile"]`` sums them."""
-    from bench.harness import POOL_OFF, bench_node, sdk_env, section
+    from bench.harness import POOL_OFF
     from bench.profile import summarise
 
     phases = work / "phases.jsonl"
     env = {**POOL_OFF, "WARREN_PROFILE": str(phases)} if profile else POOL_OFF
     try:
-        _run_shared(work, runsc, rootfs, sections, scale, report, env, bench_node, sdk_env, section)
+        _run_shared(work, runsc, rootfs, sections, scale, report, env)
     finally:
         if profile:
             report["profile"] = summarise(phases)
@@ -100,8 +100,10 @@ def _on_shared_node(
 
 def _run_shared(
     work: Path, runsc: Path | None, rootfs: Path, sections: list[str], scale: float, report: dict[str, Any],
-    env: dict[str, str], bench_node: Any, sdk_env: Any, section: Any,
+    env: dict[str, str],
 ) -> None:
+    from bench.harness import bench_node, sdk_env, section
+
     results = report["results"]
     with bench_node(work / "state", runsc, env) as node:
         sdk_env(node)

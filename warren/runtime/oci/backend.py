@@ -212,25 +212,22 @@ class OciBackendBase:
 
     async def _freeze(self, sandbox_id: str) -> None:
         """``runc pause``, done as runc does it but without starting runc (:mod:`warren.runtime.freezer`)."""
-        freezer = await asyncio.to_thread(freezer_of, self._cgroups, self._cgroup_rel(sandbox_id))
-        if freezer is None:
-            await run_command(self._cli_of(sandbox_id).argv("pause", sandbox_id), timeout=CLI_TIMEOUT)
-            return
-        try:
-            await asyncio.to_thread(freezer.freeze)
-        except OSError as exc:
-            raise RuntimeFailure(f"cannot freeze sandbox {sandbox_id}: {exc}") from exc
+        await self._set_frozen(sandbox_id, True)
 
     async def _thaw(self, sandbox_id: str) -> None:
         """``runc resume`` without starting runc."""
+        await self._set_frozen(sandbox_id, False)
+
+    async def _set_frozen(self, sandbox_id: str, frozen: bool) -> None:
         freezer = await asyncio.to_thread(freezer_of, self._cgroups, self._cgroup_rel(sandbox_id))
-        if freezer is None:
-            await run_command(self._cli_of(sandbox_id).argv("resume", sandbox_id), timeout=CLI_TIMEOUT)
+        if freezer is None:  # no freezer directory found: the CLI, which finds its own
+            verb = "pause" if frozen else "resume"
+            await run_command(self._cli_of(sandbox_id).argv(verb, sandbox_id), timeout=CLI_TIMEOUT)
             return
         try:
-            await asyncio.to_thread(freezer.thaw)
+            await asyncio.to_thread(freezer.freeze if frozen else freezer.thaw)
         except OSError as exc:
-            raise RuntimeFailure(f"cannot thaw sandbox {sandbox_id}: {exc}") from exc
+            raise RuntimeFailure(f"cannot {'freeze' if frozen else 'thaw'} sandbox {sandbox_id}: {exc}") from exc
 
     def _record(self, sandbox_id: str) -> SandboxRecord | None:
         """This backend's record of the sandbox (memory, else disk); None if unknown or the other kind's."""
