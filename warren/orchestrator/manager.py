@@ -41,6 +41,7 @@ from .egress import update_network
 from .faults import NO_FAULTS, Faults
 from .launcher import Launcher, template_snapshot_name
 from .metrics import MetricSample
+from .moves import Mover, SharedStore
 from .pool import WarmPool
 from .recovery import Recovery
 from .requests import CreateRequest, ListQuery
@@ -67,6 +68,7 @@ class Parts:
     recovery: Recovery
     snapshotter: Snapshotter
     sampler: MetricsSampler
+    mover: Mover
 
 
 def compose(
@@ -79,6 +81,7 @@ def compose(
     registry: RuntimeRegistry | None = None,
     clock: Callable[[], float] = time.time,
     faults: Faults = NO_FAULTS,
+    shared: SharedStore | None = None,
 ) -> Parts:
     """The manager's parts wired to each other, each given only what it uses."""
     table = SandboxTable(sandboxes, runtimes)
@@ -86,8 +89,10 @@ def compose(
     rset = RuntimeSet(runtimes, registry)
     launcher = Launcher(settings=settings, table=table, capacity=capacity, runtimes=rset, templates=templates,
                         snapshots=snapshots, clock=clock)  # fmt: skip
+    mover = Mover(table=table, runtimes=rset, templates=templates, shared=shared,
+                  work_dir=settings.state_dir / "moved", clock=clock)  # fmt: skip
     transitions = Transitions(settings=settings, table=table, capacity=capacity, runtimes=rset, faults=faults,
-                              clock=clock)  # fmt: skip
+                              clock=clock, mover=mover)  # fmt: skip
     return Parts(
         table=table,
         capacity=capacity,
@@ -107,6 +112,7 @@ def compose(
             clock=clock,
         ),
         sampler=MetricsSampler(table, rset, clock),
+        mover=mover,
     )
 
 
@@ -125,10 +131,12 @@ class SandboxManager:
         registry: RuntimeRegistry | None = None,
         clock: Callable[[], float] = time.time,
         faults: Faults = NO_FAULTS,
+        shared: SharedStore | None = None,
     ) -> None:
         """The node's manager over parts :func:`compose` builds from these services."""
         self._init(compose(settings=settings, sandboxes=sandboxes, templates=templates, runtimes=runtimes,
-                           snapshots=snapshots, registry=registry, clock=clock, faults=faults))  # fmt: skip
+                           snapshots=snapshots, registry=registry, clock=clock, faults=faults,
+                           shared=shared))  # fmt: skip
 
     @classmethod
     def of_parts(cls, parts: Parts) -> SandboxManager:
@@ -319,6 +327,25 @@ class SandboxManager:
     async def run_reaper(self) -> None:
         """Remove sandboxes whose init exited while running, for the node's lifetime."""
         await self._parts.reaper.run()
+
+    async def run_mover(self) -> None:
+        """Park what pauses in the shared store, for the node's lifetime (returns at once without one)."""
+        await self._parts.mover.run()
+
+    # ----- moves between nodes (a shared snapshot store) --------------------------------------------
+
+    @property
+    def mover(self) -> Mover:
+        return self._parts.mover
+
+    async def adopt(self, sandbox_id: str) -> SandboxRecord:
+        """Hold a sandbox another node parked as paused here; its resume restores it."""
+        self._admit()
+        return await self._parts.mover.adopt(sandbox_id)
+
+    async def release(self, sandbox_id: str) -> None:
+        """Drop this node's copy of a paused sandbox that moved to another node."""
+        await self._parts.mover.release(sandbox_id)
 
 
 __all__ = ["AGENT_PORT", "MAX_FORKS", "Parts", "SandboxManager", "compose", "new_sandbox_id", "template_snapshot_name"]

@@ -7,9 +7,12 @@ its artifacts.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import time
 
+from .. import trees
 from ..runtime.base import PauseMode, RuntimeKind, RuntimeState
 from .agent import init_sandbox, wait_healthy
 from .runtimes import RuntimeSet
@@ -20,6 +23,7 @@ from .table import SandboxTable
 log = logging.getLogger(__name__)
 
 _FINISH_RESUME_DEADLINE_S = 30.0
+_WAITING = (SandboxState.PAUSED.value, SandboxState.RESUMING.value)
 
 
 def settle(recorded: SandboxState, actual: RuntimeState | None) -> SandboxState | None:
@@ -45,6 +49,9 @@ class Recovery:
             runtime = self._runtimes.all.get(RuntimeKind(record.runtime))
             actual = await runtime.state(record.id) if runtime else None
             target = settle(SandboxState(record.state), actual)
+            moved = record.binding.restore_dir
+            if moved is not None and actual is None and record.state in _WAITING:
+                target = SandboxState.PAUSED  # moved here, not restored yet: its copy is in restore_dir
             if target is None or (target is SandboxState.RUNNING and not record.address):
                 log.info("dropping sandbox %s (record %s, runtime %s)", record.id, record.state, actual)
                 await self._table.discard(record)
@@ -55,6 +62,9 @@ class Recovery:
                 log.info("sandbox %s: %s at crash, now %s", record.id, record.state, target.value)
             if target is SandboxState.RUNNING and record.state == SandboxState.RESUMING.value:
                 await self._finish_resume(sandbox)
+            if target is SandboxState.RUNNING and moved is not None:  # restored just before the crash
+                await sandbox.update(binding=dataclasses.replace(sandbox.record.binding, restore_dir=None))
+                await asyncio.to_thread(trees.remove_tree, moved)
             if target is SandboxState.RUNNING:
                 self._table.exits.watch(record.id, sandbox.record.binding.init_pid)
             log.info("re-adopted sandbox %s (%s)", record.id, target.value)

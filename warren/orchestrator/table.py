@@ -39,6 +39,7 @@ class SandboxTable:
         self.exits = ExitWatcher()
         self._removal_listeners: list[Callable[[str], Awaitable[None]]] = []
         self._freed: list[Callable[[], None]] = []
+        self._discarded: list[Callable[[SandboxRecord], Awaitable[None]]] = []
         self._ended: OrderedDict[str, None] = OrderedDict()
 
     # ----- membership ------------------------------------------------------------------------------
@@ -67,6 +68,10 @@ class SandboxTable:
     def on_removed(self, listener: Callable[[str], Awaitable[None]]) -> None:
         """Await ``listener(sandbox_id)`` whenever a sandbox stops being routable (killed, died, paused)."""
         self._removal_listeners.append(listener)
+
+    def on_discarded(self, listener: Callable[[SandboxRecord], Awaitable[None]]) -> None:
+        """Await ``listener(record)`` after a sandbox and its record are gone (what it kept elsewhere may go)."""
+        self._discarded.append(listener)
 
     def on_freed(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` whenever a sandbox left the table (a slot of the cap may be free)."""
@@ -161,6 +166,11 @@ class SandboxTable:
             for callback in self._freed:
                 callback()
             await self.store.delete(record.id)
+            for listener in self._discarded:
+                try:
+                    await listener(record)
+                except Exception:
+                    log.exception("discard listener failed for %s", record.id)
 
 
 def _key(record: SandboxRecord) -> tuple[float, str]:

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from .. import phases
 from ..config import Settings
@@ -17,6 +18,7 @@ from .agent import init_sandbox, wait_healthy
 from .capacity import Capacity
 from .egress import install_egress_ca
 from .faults import FaultPoint, Faults
+from .moves import Mover
 from .requests import ttl_seconds
 from .runtimes import AGENT_START_DEADLINE_S, RuntimeSet
 from .sandbox import Sandbox
@@ -36,8 +38,10 @@ class Transitions:
         runtimes: RuntimeSet,
         faults: Faults,
         clock: Callable[[], float],
+        mover: Mover | None = None,
     ) -> None:
         self._settings = settings
+        self._mover = mover
         self._table = table
         self._capacity = capacity
         self._runtimes = runtimes
@@ -113,6 +117,8 @@ class Transitions:
         with phases.phase("save.paused"):
             await sandbox.set_state(SandboxState.PAUSED)
         self._capacity.freed()
+        if self._mover is not None:
+            self._mover.paused(sandbox.id)
 
     async def _resume_locked(self, sandbox: Sandbox, *, end_at: float) -> None:
         """Resume; the new ``end_at`` is saved with the RUNNING state (one write, not two)."""
@@ -125,8 +131,12 @@ class Transitions:
         with phases.phase("save.resuming"):
             await sandbox.set_state(SandboxState.RESUMING)
         try:
+            spec = self._runtimes.spec(sandbox.record, staged)
             with phases.phase("runtime.resume"):
-                handle = await runtime.resume(self._runtimes.spec(sandbox.record, staged), mode)
+                if binding.restore_dir is not None:  # moved here from another node: restored from its copy
+                    handle = await runtime.restore(spec, Path(binding.restore_dir))
+                else:
+                    handle = await runtime.resume(spec, mode)
             await self._faults.reached(FaultPoint.RESUME)
             sandbox.bind(handle)
             with phases.phase("agent.healthy"):
@@ -143,3 +153,6 @@ class Transitions:
         with phases.phase("save.running"):
             await sandbox.set_state(SandboxState.RUNNING)
         self._table.exits.watch(sandbox.id, handle.init_pid)
+        if self._mover is not None:
+            await self._mover.restored(sandbox)
+            await self._mover.resumed(sandbox.id)

@@ -21,7 +21,7 @@ from .records import (
     UpstreamProxy,
     build_id_of,
 )
-from .repos import SandboxRepo, TemplateRepo
+from .repos import SandboxRepo, TemplateRepo, sandbox_of_json, sandbox_to_json
 from .tags import TagRepo
 
 __all__ = [
@@ -47,4 +47,6 @@ __all__ = [
     "UpstreamProxy",
     "build_id_of",
     "provenance_json",
+    "sandbox_of_json",
+    "sandbox_to_json",
 ]

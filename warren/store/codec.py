@@ -56,7 +56,8 @@ def policy_of(raw: dict[str, Any]) -> LifecyclePolicy:
 
 def binding_to_json(binding: RuntimeBinding) -> str:
     mode = binding.pause_mode.value if binding.pause_mode is not None else None
-    return _dump({"runtime_hash": binding.runtime_hash, "init_pid": binding.init_pid, "pause_mode": mode})
+    return _dump({"runtime_hash": binding.runtime_hash, "init_pid": binding.init_pid, "pause_mode": mode,
+                  "restore_dir": binding.restore_dir})  # fmt: skip
 
 
 def binding_of(raw: dict[str, Any]) -> RuntimeBinding:
@@ -66,6 +67,7 @@ def binding_of(raw: dict[str, Any]) -> RuntimeBinding:
         runtime_hash=_opt_str(raw.get("runtime_hash")),
         init_pid=int(pid) if pid is not None else None,
         pause_mode=PauseMode(mode) if mode is not None else None,
+        restore_dir=_opt_str(raw.get("restore_dir")),
     )
 
 

@@ -66,6 +66,9 @@ class RuntimeBinding:
     init_pid: int | None = None
     pause_mode: PauseMode | None = None
     """Recorded with ``pausing``, so a crash mid-pause still knows how to resume."""
+    restore_dir: str | None = None
+    """A paused sandbox moved here from another node: the snapshot dir its resume restores from (the
+    runtime has no sandbox of that id until then)."""
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
+from collections.abc import Mapping
+from typing import Any
 
 from . import codec
 from .db import Database
@@ -15,7 +17,7 @@ from .tags import TagRepo, delete_template
 _SANDBOX_COLS = [f.name for f in dataclasses.fields(SandboxRecord)]
 
 
-def _sandbox(row: sqlite3.Row) -> SandboxRecord:
+def _sandbox(row: Mapping[str, Any]) -> SandboxRecord:
     return SandboxRecord(
         id=row["id"],
         template_id=row["template_id"],
@@ -56,6 +58,16 @@ def _sandbox_params(rec: SandboxRecord) -> list[object]:
         "egress": codec.egress_to_json(rec.egress),
     }
     return [columns[c] for c in _SANDBOX_COLS]
+
+
+def sandbox_to_json(rec: SandboxRecord) -> dict[str, Any]:
+    """A sandbox record as one JSON object: its row, for a record that travels to another node."""
+    return dict(zip(_SANDBOX_COLS, _sandbox_params(rec), strict=True))
+
+
+def sandbox_of_json(raw: Mapping[str, Any]) -> SandboxRecord:
+    """The record :func:`sandbox_to_json` wrote; ``KeyError``/``ValueError``/``TypeError`` when it is not one."""
+    return _sandbox(raw)
 
 
 def _upsert(table: str, cols: list[str]) -> str:

@@ -1,0 +1,278 @@
+"""Paused sandboxes that can move between nodes: parked in the shared store, adopted by another node.
+
+A node with a shared snapshot store (``--shared-store``) *parks* every sandbox it pauses: a copy of
+the paused sandbox (its filesystem and, for gVisor, its memory image; a frozen runc sandbox's memory
+cannot leave its node, so it travels as its files) goes to ``paused/<sandbox id>`` in the store,
+in the background, with the sandbox's record beside it. The copy is current as long as the sandbox
+stays paused: a resume here deletes it, and a copy whose sandbox resumed while it was uploading is
+deleted when the upload ends.
+
+Another node *adopts* a parked sandbox (the gateway asks it when the sandbox's node is dead or
+draining): it pulls the copy into ``<state>/moved/<id>``, checks that it can run it (the template
+and the runtime hash, 409 naming what it misses), and holds the sandbox as paused with the same id,
+access token and metadata. Its resume restores from that dir, then the copy in the store is deleted.
+The node that parked it *releases* its own copy when told (or when it finds the sandbox bound to
+another node): the local sandbox goes, the store's copy stays.
+
+One task (:meth:`Mover.run`, owned by the node) parks; pauses only queue the sandbox's id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from .. import trees
+from ..errors import ConflictError, InvalidStateError, NotFoundError, WarrenError
+from ..runtime.base import PauseMode, RuntimeKind
+from ..store import SandboxRecord, TemplateRepo, sandbox_of_json, sandbox_to_json
+from .runtimes import RuntimeSet
+from .sandbox import Sandbox
+from .states import SandboxState
+from .table import SandboxTable
+
+log = logging.getLogger(__name__)
+
+PARKED = "paused/"
+"""The store's key prefix of parked sandboxes."""
+_FORMAT = 1
+
+
+class Bundle(Protocol):
+    """A complete entry of the shared store (``warren.snapshots.shared.BundleManifest``)."""
+
+    @property
+    def meta(self) -> dict[str, Any]: ...
+
+
+class SharedStore(Protocol):
+    """The shared snapshot store (``warren.snapshots.shared.SharedSnapshots``)."""
+
+    async def push(self, key: str, src: Path, meta: dict[str, Any]) -> Any: ...
+
+    async def pull(self, key: str, dest: Path) -> Any: ...
+
+    async def manifest(self, key: str) -> Any: ...
+
+    async def delete(self, key: str) -> None: ...
+
+    async def list(self, prefix: str) -> list[Any]: ...
+
+
+def parked_key(sandbox_id: str) -> str:
+    return PARKED + sandbox_id
+
+
+class Mover:
+    def __init__(
+        self,
+        *,
+        table: SandboxTable,
+        runtimes: RuntimeSet,
+        templates: TemplateRepo,
+        shared: SharedStore | None,
+        work_dir: Path,
+        clock: Callable[[], float],
+    ) -> None:
+        self._table = table
+        self._runtimes = runtimes
+        self._templates = templates
+        self._shared = shared
+        self._dir = work_dir
+        self._clock = clock
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._parked: set[str] = set()
+        self._releasing: set[str] = set()
+        self._generation: dict[str, int] = {}
+        """Bumped by every resume: a copy taken at an older generation is stale when its upload ends."""
+        table.on_discarded(self._discarded)
+
+    @property
+    def enabled(self) -> bool:
+        return self._shared is not None
+
+    def _store(self) -> SharedStore:
+        if self._shared is None:
+            raise ConflictError("this node has no shared snapshot store (--shared-store): sandboxes cannot move")
+        return self._shared
+
+    # ----- parking --------------------------------------------------------------------------------
+
+    def paused(self, sandbox_id: str) -> None:
+        """A sandbox was paused: park it (in the background)."""
+        if self._shared is not None:
+            self._queue.put_nowait(sandbox_id)
+
+    async def resumed(self, sandbox_id: str) -> None:
+        """A sandbox was resumed here: its parked copy, if any, is stale now."""
+        self._generation[sandbox_id] = self._generation.get(sandbox_id, 0) + 1
+        if self._shared is not None and sandbox_id in self._parked:
+            self._parked.discard(sandbox_id)
+            await self._delete(sandbox_id)
+
+    def is_parked(self, sandbox_id: str) -> bool:
+        return sandbox_id in self._parked
+
+    async def run(self) -> None:
+        """Park what pauses, one at a time; at start, whatever is paused here and not parked yet."""
+        if self._shared is None:
+            return
+        await asyncio.to_thread(self._dir.mkdir, parents=True, exist_ok=True)
+        with contextlib.suppress(WarrenError):
+            self._parked = {str(b.meta.get("sandbox_id")) for b in await self._shared.list(PARKED)}
+        for sandbox in list(self._table):
+            if sandbox.state is SandboxState.PAUSED and sandbox.id not in self._parked:
+                self._queue.put_nowait(sandbox.id)
+        while True:
+            sandbox_id = await self._queue.get()
+            try:
+                await self.park(sandbox_id)
+            except Exception:
+                log.exception("parking sandbox %s in the shared store failed; it stays on this node only", sandbox_id)
+
+    async def park(self, sandbox_id: str) -> bool:
+        """Copy a paused sandbox to the shared store; False when there is nothing (left) to park."""
+        store = self._store()
+        sandbox = self._table.lookup(sandbox_id)
+        if sandbox is None or sandbox_id in self._parked:
+            return False
+        staging = self._dir / f"park-{sandbox_id}-{secrets.token_hex(4)}"
+        try:
+            async with sandbox.lock:
+                if sandbox.state is not SandboxState.PAUSED or sandbox.record.binding.restore_dir:
+                    return False
+                generation = self._generation.get(sandbox_id, 0)
+                record = sandbox.record
+                await asyncio.to_thread(staging.mkdir, parents=True)
+                contents = await self._runtimes.of(sandbox.kind).snapshot(sandbox_id, staging)
+            meta = {"format": _FORMAT, "sandbox_id": sandbox_id, "record": sandbox_to_json(record),
+                    "memory": contents.memory, "parked_at": self._clock()}  # fmt: skip
+            await store.push(parked_key(sandbox_id), staging, meta)
+        finally:
+            await asyncio.shield(asyncio.to_thread(_remove, staging))
+        if self._generation.get(sandbox_id, 0) != generation or self._table.lookup(sandbox_id) is None:
+            await self._delete(sandbox_id)  # resumed or gone while it uploaded: the copy is stale
+            return False
+        self._parked.add(sandbox_id)
+        log.info("parked paused sandbox %s in the shared store (memory=%s)", sandbox_id, contents.memory)
+        return True
+
+    async def park_all(self) -> int:
+        """Park every paused sandbox not parked yet (a drain); the number parked."""
+        count = 0
+        for sandbox in list(self._table):
+            if sandbox.state is SandboxState.PAUSED and sandbox.id not in self._parked:
+                try:
+                    count += await self.park(sandbox.id)
+                except Exception:
+                    log.exception("parking sandbox %s failed", sandbox.id)
+        return count
+
+    # ----- adopting and releasing -----------------------------------------------------------------
+
+    async def adopt(self, sandbox_id: str) -> SandboxRecord:
+        """Take over a sandbox parked by another node: held here as paused, restored by its resume.
+
+        404 when the store has no parked copy; 409 when this node cannot run it (its template or
+        runtime hash is missing here) or already has a sandbox of that id that is not paused."""
+        store = self._store()
+        held = self._table.lookup(sandbox_id)
+        if held is not None:
+            if held.state is SandboxState.PAUSED:
+                return held.record
+            raise ConflictError(f"sandbox {sandbox_id} is already {held.state.value} on this node")
+        bundle = await store.manifest(parked_key(sandbox_id))
+        if bundle is None:
+            raise NotFoundError(f"sandbox {sandbox_id} has no copy in the shared store")
+        try:
+            parked = sandbox_of_json(bundle.meta["record"])
+            memory = bool(bundle.meta.get("memory"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConflictError(f"the parked copy of sandbox {sandbox_id} is unreadable: {exc}") from exc
+        record = await self._local_record(parked, memory)
+        dest = self._dir / sandbox_id
+        await asyncio.to_thread(_remove, dest)
+        await asyncio.to_thread(dest.mkdir, parents=True)
+        try:
+            await store.pull(parked_key(sandbox_id), dest)
+            record = dataclasses.replace(
+                record, binding=dataclasses.replace(record.binding, restore_dir=str(dest))
+            )
+            await self._table.store.put(record)
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(_remove, dest))
+            raise
+        self._table.add(record)
+        self._parked.add(sandbox_id)  # the store's copy is current until the resume here
+        log.info("adopted paused sandbox %s from the shared store (memory=%s)", sandbox_id, memory)
+        return record
+
+    async def _local_record(self, parked: SandboxRecord, memory: bool) -> SandboxRecord:
+        """The parked record as this node holds it: its template's layers here, its runtime checked."""
+        kind = RuntimeKind(parked.runtime)
+        self._runtimes.available(kind)
+        await self._runtimes.stage(parked.binding.runtime_hash, kind)  # 409 naming the hash when missing
+        template = await self._templates.find(parked.template_id)
+        if template is None:
+            raise ConflictError(f"template {parked.template_id} of sandbox {parked.id} is not on this node")
+        image = dataclasses.replace(parked.image, layers=template.layers)
+        mode = PauseMode.MEMORY if memory else PauseMode.FILESYSTEM
+        return dataclasses.replace(
+            parked,
+            state=SandboxState.PAUSED.value,
+            address=None,
+            image=image,
+            binding=dataclasses.replace(parked.binding, init_pid=None, pause_mode=mode),
+        )
+
+    async def release(self, sandbox_id: str) -> None:
+        """Drop this node's copy of a paused sandbox that moved to another node (the store's copy stays).
+
+        404 when it is not here; 409 when it is not paused (it runs here: it did not move)."""
+        sandbox = self._table.get(sandbox_id)
+        async with sandbox.lock:
+            if not self._table.holds(sandbox):
+                raise NotFoundError(f"sandbox {sandbox_id} not found")
+            if sandbox.state is not SandboxState.PAUSED:
+                raise InvalidStateError(f"sandbox {sandbox_id} is {sandbox.state.value} here: it did not move")
+            self._releasing.add(sandbox_id)
+            try:
+                await sandbox.set_state(SandboxState.KILLING)
+                await asyncio.shield(self._table.discard(sandbox))
+            finally:
+                self._releasing.discard(sandbox_id)
+        log.info("released sandbox %s: it moved to another node", sandbox_id)
+
+    async def restored(self, sandbox: Sandbox) -> None:
+        """A moved sandbox's resume restored it: its pulled copy goes, and the store's (stale now)."""
+        restore_dir = sandbox.record.binding.restore_dir
+        if restore_dir is not None:
+            await sandbox.update(binding=dataclasses.replace(sandbox.record.binding, restore_dir=None))
+            await asyncio.to_thread(_remove, Path(restore_dir))
+
+    async def _discarded(self, record: SandboxRecord) -> None:
+        if record.binding.restore_dir is not None:
+            await asyncio.to_thread(_remove, Path(record.binding.restore_dir))
+        parked = record.id in self._parked
+        self._parked.discard(record.id)
+        if parked and record.id not in self._releasing:
+            await self._delete(record.id)
+        self._generation.pop(record.id, None)
+
+    async def _delete(self, sandbox_id: str) -> None:
+        if self._shared is None:
+            return
+        try:
+            await self._shared.delete(parked_key(sandbox_id))
+        except WarrenError as exc:
+            log.warning("could not delete the parked copy of %s from the shared store: %s", sandbox_id, exc)
+
+
+def _remove(path: Path) -> None:
+    trees.remove_tree(path)  # a missing path is fine; nothing in it is followed
