@@ -41,6 +41,7 @@ from .orchestrator.shutdown import preserve_all
 from .runtime import build_agent_bundle
 from .runtime.base import RuntimeKind
 from .snapshots import SnapshotRepository
+from .snapshots.shared import SharedSnapshots, open_object_store
 from .statedir import seal_state_dir
 from .store import Database, SandboxRepo, TemplateRecord, TemplateRepo
 from .store.lock import INSTANCE_LOCK_NAME, acquire_instance_lock
@@ -201,6 +202,7 @@ async def _serve_locked(
         templates = TemplateRepo(db)
         await _ensure_builtin_templates(settings, templates)
         snapshots = await asyncio.to_thread(SnapshotRepository, settings.state_dir / "snapshots")
+        shared = _shared_store(settings)
         manager = SandboxManager(
             settings=settings,
             sandboxes=SandboxRepo(db),
@@ -209,6 +211,7 @@ async def _serve_locked(
             snapshots=snapshots,
             registry=node_runtimes.registry,
             faults=faults_from_env(),  # a test seam: inert unless WARREN_TEST_STALL is set
+            shared=shared,
         )
         await manager.recover()
         await reap_orphans_for_node(node_runtimes, manager.known_ids(), settings)
@@ -265,6 +268,7 @@ async def _serve_locked(
                 sampler = group.create_task(manager.run_metrics(), name="metrics-sampler")
                 prewarm = group.create_task(node_runtimes.registry.prewarmer.run(), name="runtime-prewarm")
                 pool = group.create_task(manager.pool.run(), name="warm-pool")
+                mover = group.create_task(manager.run_mover(), name="shared-store-parking")
                 while not server.started:
                     if stop.is_set() or server.should_exit:
                         break
@@ -282,7 +286,8 @@ async def _serve_locked(
                     )  # fmt: skip
                     cluster = ClusterStore.connect(settings.cluster_redis)
                     heartbeat = Heartbeat(cluster, member.node_id, member.snapshot,
-                                          interval_s=settings.cluster_heartbeat_s, ttl_s=settings.cluster_ttl_s)
+                                          interval_s=settings.cluster_heartbeat_s, ttl_s=settings.cluster_ttl_s,
+                                          after=member.settle_moves)  # fmt: skip
                     beating = group.create_task(heartbeat.run(), name="cluster-heartbeat")
                 await wait_event_or_task(stop, serving)
                 # Shutdown order (seed 000): refuse new work, preserve sandboxes while the API still
@@ -293,6 +298,9 @@ async def _serve_locked(
                 report = await preserve_all(manager, concurrency=settings.shutdown_concurrency)
                 if report.failed:
                     log.error("left running (re-adopted at next start): %s", sorted(report.failed))
+                mover.cancel()
+                if shared is not None:  # what it paused can come back on another node while this one is away
+                    await _park_before_leaving(manager)
                 if heartbeat is not None:
                     beating.cancel()
                     await heartbeat.leave()  # its roster now says paused: nothing of it is lost
@@ -312,6 +320,26 @@ async def _serve_locked(
     finally:
         db.close()
         log.info("node stopped")
+
+
+_PARK_AT_SHUTDOWN_S = 60.0
+"""How long a stopping node spends copying its paused sandboxes to the shared store; the rest are parked
+at its next start."""
+
+
+def _shared_store(settings: Settings) -> SharedSnapshots | None:
+    if not settings.shared_store:
+        return None
+    return SharedSnapshots(open_object_store(settings.shared_store), settings.state_dir / "moved" / ".scratch")
+
+
+async def _park_before_leaving(manager: SandboxManager) -> None:
+    try:
+        async with asyncio.timeout(_PARK_AT_SHUTDOWN_S):
+            parked = await manager.mover.park_all()
+        log.info("parked %d paused sandboxes in the shared store", parked)
+    except TimeoutError:
+        log.warning("parking at shutdown took over %.0f s; the rest are parked at the next start", _PARK_AT_SHUTDOWN_S)
 
 
 def _bound_port(server: uvicorn.Server) -> int | None:

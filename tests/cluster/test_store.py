@@ -168,3 +168,32 @@ async def test_bindings_of_sandboxes_gone_from_the_roster_are_collected_after_th
     await asyncio.sleep(0.4)
     await store.heartbeat(info("a"), {"child": "running"}, ttl_s=5, grace_s=0.3)
     assert [await store.binding(s) for s in ("old", "new", "child", "elsewhere")] == [None, None, "a", "b"]
+
+
+async def test_a_heartbeat_does_not_bind_back_a_sandbox_that_moved_to_another_node(store: ClusterStore) -> None:
+    await store.heartbeat(info("a"), {"s1": "paused"}, ttl_s=5, grace_s=5)
+    await store.heartbeat(info("b"), {}, ttl_s=5, grace_s=5)
+    held = await store.reserve("b", hold_s=5)
+    assert isinstance(held, Reserved)
+    await store.commit(held, "s1", hold_s=5)  # a gateway moved it to b
+    await store.unbind("s1", "a")
+    await store.heartbeat(info("a"), {"s1": "paused"}, ttl_s=5, grace_s=5)  # a still lists its old copy
+    assert await store.binding("s1") == "b"
+    assert await store.bindings(["s1", "nope"]) == {"s1": "b", "nope": None}
+
+
+async def test_one_gateway_at_a_time_moves_a_sandbox(store: ClusterStore) -> None:
+    token = await store.claim_move("s1", hold_s=5)
+    assert token is not None
+    assert await store.claim_move("s1", hold_s=5) is None
+    await store.end_move("s1", "not-the-token")
+    assert await store.claim_move("s1", hold_s=5) is None
+    await store.end_move("s1", token)
+    assert await store.claim_move("s1", hold_s=5) is not None
+
+
+async def test_an_admin_drain_is_visible_to_the_node(store: ClusterStore) -> None:
+    await store.heartbeat(info("a"), {}, ttl_s=5, grace_s=5)
+    assert not await store.drained("a")
+    await store.set_drain("a", True)
+    assert await store.drained("a")

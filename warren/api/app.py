@@ -12,7 +12,7 @@ from ..errors import WarrenError
 from .auth import key_matches
 from .errors import error_response, unhandled_error_handler, warren_error_handler
 from .proxy import SandboxProxy
-from .routes import builtin, images, logs, node, runtimes, sandboxes, snapshots, templates
+from .routes import builtin, images, logs, moves, node, runtimes, sandboxes, snapshots, templates
 from .services import Services
 
 
@@ -58,14 +58,14 @@ class _OriginFormOnly:
         await self._app(scope, receive, send)
 
 
+ROUTE_MODULES = (sandboxes, logs, snapshots, runtimes, templates, images, builtin, moves, node)
+"""Every module of the node's routes, in the order they are matched (the OpenAPI contract test reads it)."""
+
+
 def create_app(services: Services, *, max_keepalive: int = 512) -> tuple[ASGIApp, SandboxProxy]:
     """The ASGI app of a node and its proxy (whose HTTP client the caller closes)."""
     router = Starlette(
-        routes=[
-            *sandboxes.ROUTES, *logs.ROUTES, *snapshots.ROUTES, *runtimes.ROUTES, *templates.ROUTES, *images.ROUTES,
-            *builtin.ROUTES,
-            *node.ROUTES,
-        ],
+        routes=[route for module in ROUTE_MODULES for route in module.ROUTES],
         exception_handlers={
             WarrenError: warren_error_handler,
             HTTPException: _http_exception,

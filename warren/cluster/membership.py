@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Settings
-from ..errors import UnavailableError
+from ..errors import UnavailableError, WarrenError
 from ..orchestrator import SandboxManager
 from ..orchestrator.requests import ListQuery
 from ..orchestrator.states import SandboxState, public_state
@@ -36,6 +36,8 @@ NODE_ID_FILE = "node-id"
 
 Snapshot = Callable[[bool], Awaitable[tuple[NodeInfo, dict[str, str]]]]
 """``snapshot(draining)``: the node's record and roster now."""
+AfterBeat = Callable[[ClusterStore, dict[str, str]], Awaitable[None]]
+"""``after(store, roster)``: what the node does once its beat is in (:meth:`NodeServices.settle_moves`)."""
 
 
 def node_id_of(settings: Settings) -> str:
@@ -114,14 +116,29 @@ class NodeServices:
         )
         return info, roster
 
+    async def settle_moves(self, store: ClusterStore, roster: dict[str, str]) -> None:
+        """After a beat: release the paused sandboxes that moved to another node while this one was away
+        or draining; when an admin drained this node, park what it has paused and not parked yet."""
+        paused = [sid for sid, state in roster.items() if state == "paused"]
+        for sandbox_id, node_id in (await store.bindings(paused)).items():
+            if node_id is not None and node_id != self.node_id:
+                try:
+                    await self.manager.release(sandbox_id)
+                except WarrenError as exc:
+                    log.warning("could not release sandbox %s, which moved to node %s: %s", sandbox_id, node_id, exc)
+        if self.manager.mover.enabled and await store.drained(self.node_id):
+            await self.manager.mover.park_all()
+
 
 class Heartbeat:
     """The node's membership task: :meth:`run` until cancelled, :meth:`leave` at shutdown."""
 
     def __init__(
-        self, store: ClusterStore, node_id: str, snapshot: Snapshot, *, interval_s: float, ttl_s: float
+        self, store: ClusterStore, node_id: str, snapshot: Snapshot, *, interval_s: float, ttl_s: float,
+        after: AfterBeat | None = None,
     ) -> None:
         self._store = store
+        self._after = after
         self.node_id = node_id
         self._snapshot = snapshot
         self._interval_s = interval_s
@@ -134,6 +151,8 @@ class Heartbeat:
         info, roster = await self._snapshot(self.draining)
         # Reservations committed longer ago than two heartbeats are for sandboxes gone already.
         await self._store.heartbeat(info, roster, ttl_s=self._ttl_s, grace_s=max(2 * self._interval_s, 1.0))
+        if self._after is not None:
+            await self._after(self._store, roster)
 
     async def run(self) -> None:
         while True:

@@ -23,10 +23,14 @@ redis.call('SADD', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], 'info', ARGV[3], 'max', ARGV[4], 'active', ARGV[5], 'draining', ARGV[6])
 redis.call('SET', KEYS[3], now, 'PX', ARGV[2])
 redis.call('DEL', KEYS[4])
+-- A sandbox bound to another node moved there (its copy here is released next): not bound back.
 for i = 8, #ARGV, 2 do
   redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
-  redis.call('HSET', KEYS[7], ARGV[i], ARGV[1])
-  redis.call('ZADD', KEYS[8], now, ARGV[i])
+  local bound = redis.call('HGET', KEYS[7], ARGV[i])
+  if (not bound) or bound == ARGV[1] then
+    redis.call('HSET', KEYS[7], ARGV[i], ARGV[1])
+    redis.call('ZADD', KEYS[8], now, ARGV[i])
+  end
 end
 -- Bindings of sandboxes the node has not listed for longer than the grace (killed, timed out): gone.
 for _, sid in ipairs(redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now - tonumber(ARGV[7]))) do
@@ -99,5 +103,11 @@ UNBIND = """
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
   return redis.call('HDEL', KEYS[1], ARGV[1])
 end
+return 0
+"""
+
+END_MOVE = """
+-- KEYS: moving:<sandbox id>.  ARGV: token. The claim goes only if it is still the caller's.
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """

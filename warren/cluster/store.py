@@ -53,6 +53,7 @@ class ClusterStore:
         self._commit = client.register_script(scripts.COMMIT)
         self._unbind = client.register_script(scripts.UNBIND)
         self._bind = client.register_script(scripts.BIND)
+        self._end_move = client.register_script(scripts.END_MOVE)
 
     @classmethod
     def connect(cls, url: str, prefix: str = DEFAULT_PREFIX, timeout_s: float = 2.0) -> ClusterStore:
@@ -158,6 +159,31 @@ class ClusterStore:
             await self._unbind(keys=[f"{self._p}bindings"], args=[sandbox_id, node_id])
             await self._r.hdel(self._node_keys(node_id)[2], sandbox_id)
             await self._r.zrem(self._bound_key(node_id), sandbox_id)
+
+    async def bindings(self, sandbox_ids: list[str]) -> dict[str, str | None]:
+        """The node each of ``sandbox_ids`` is bound to (None: none)."""
+        if not sandbox_ids:
+            return {}
+        async with _redis_errors("lookup"):
+            found = await self._r.hmget(f"{self._p}bindings", sandbox_ids)
+        return {sid: (str(n) if n is not None else None) for sid, n in zip(sandbox_ids, found, strict=True)}
+
+    async def claim_move(self, sandbox_id: str, *, hold_s: float) -> str | None:
+        """Take the right to move ``sandbox_id`` to another node (one gateway at a time); a token to give
+        back with :meth:`end_move`, or None when another gateway is moving it now."""
+        token = secrets.token_hex(8)
+        async with _redis_errors("claim move"):
+            won = await self._r.set(f"{self._p}moving:{sandbox_id}", token, nx=True, px=int(hold_s * 1000))
+        return token if won else None
+
+    async def end_move(self, sandbox_id: str, token: str) -> None:
+        async with _redis_errors("end move"):
+            await self._end_move(keys=[f"{self._p}moving:{sandbox_id}"], args=[token])
+
+    async def drained(self, node_id: str) -> bool:
+        """Whether an admin drained ``node_id`` (``POST /nodes/{id}`` through a gateway)."""
+        async with _redis_errors("drain"):
+            return bool(await self._r.exists(self._drain_key(node_id)))
 
     async def reserve(self, node_id: str, *, hold_s: float) -> Reserved | str:
         """Take a slot on ``node_id`` atomically; the reason (``full``, ``dead``, ``draining``) when not."""

@@ -23,6 +23,7 @@ from ...errors import InvalidRequestError, NotFoundError, TooManyRequestsError, 
 from ..placement import PlacementRequest, Strategy, place
 from .directory import Directory
 from .listing import PARTIAL_HEADER, list_cluster
+from .moving import move, stranded_on, wakes
 from .upstream import NodeClient, passed_headers, relay
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,11 @@ async def on_sandbox(request: Request) -> Response:
         if not found.node.alive and found.state != "paused":
             await gw.directory.store.unbind(sandbox_id, found.node.node_id)  # a lost sandbox: forgotten
             return Response(status_code=204)
-    view = await gw.directory.live(sandbox_id)
+    view = None
+    if wakes(request) and (source := await stranded_on(gw.directory, sandbox_id)) is not None:
+        view = await move(request, gw.directory, gw.client, gw.strategy.rank, sandbox_id, source)
+    if view is None:
+        view = await gw.directory.live(sandbox_id)
     answer = await gw.client.forward(view.info.url, request, body)
     on_itself = request.url.path.rstrip("/") == f"/sandboxes/{sandbox_id}"  # not a route the node lacks
     if on_itself and (answer.status_code == 404 or (request.method == "DELETE" and answer.status_code == 204)):
