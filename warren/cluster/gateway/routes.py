@@ -50,8 +50,9 @@ async def create(request: Request) -> Response:
     if not isinstance(template, str) or not template:
         raise InvalidRequestError("templateID is required")
     nodes = await gw.directory.nodes(fresh=True)
-    candidates = place(PlacementRequest(template), nodes, gw.strategy)
-    known = any(v.info.template(template) or v.info.snapshot(template) for v in nodes)
+    wanted = PlacementRequest(template, built_on=await gw.directory.store.template_node(template.partition(":")[0]))
+    candidates = place(wanted, nodes, gw.strategy)
+    known = any(v.info.template(wanted.template) or v.info.snapshot(template) for v in nodes)
     refusals: list[str] = []
     for view in candidates:
         held = await gw.directory.store.reserve(view.node_id, hold_s=RESERVATION_HOLD_S)
