@@ -466,6 +466,10 @@ def test_a_template_built_through_one_gateway_runs_through_the_other(cluster: Cl
             r = c.get(f"/templates/{info.template_id}/builds/{info.build_id}/status")
             assert r.status_code == 200 and r.json()["status"] == "ready", r.text
             assert c.get(f"/templates/{info.template_id}").json()["names"] == [name]
+            r = c.get(f"/templates/{info.template_id}/files/{'ab' * 32}")  # the upload URL is the gateway's
+            assert r.status_code == 201 and r.json()["url"].startswith(f"{gw1.url}/warren/uploads/"), r.text
+            r = c.put(r.json()["url"].removeprefix(gw1.url), content=b"not a tar")
+            assert r.status_code == 201 and r.json()["size"] == 9, r.text  # streamed to the build's node
     finally:
         _delete_template(cluster, name)
 
