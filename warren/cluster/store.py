@@ -192,11 +192,11 @@ class ClusterStore:
     async def set_template_node(self, refs: Iterable[str], node_id: str) -> None:
         """A template (by each of ``refs``: its id and name) is built on ``node_id``: every later call of its
         builds (uploads, start, status, tags) goes there, and creates find it before a heartbeat lists it."""
-        mapping = {ref: node_id for ref in refs if ref}
-        if not mapping:
+        items = [x for ref in dict.fromkeys(refs) if ref for x in (ref, node_id)]
+        if not items:
             return
         async with _redis_errors("template node"):
-            await self._r.hset(f"{self._p}template-nodes", mapping=mapping)
+            await self._r.hset(f"{self._p}template-nodes", items=items)
 
     async def template_node(self, ref: str) -> str | None:
         """The node a build through a gateway put template ``ref`` (id or name) on, or None."""
