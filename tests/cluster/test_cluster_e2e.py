@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2b import AsyncSandbox, Sandbox
+from e2b import AsyncSandbox, AsyncTemplate, Sandbox, Template
 from e2b.exceptions import NotFoundException
 
 from tests.framework.cluster import TTL_S, Cluster, Gateway, cluster_node
@@ -413,3 +414,144 @@ def test_a_sandbox_made_on_a_node_directly_is_reachable_through_a_gateway_at_onc
         assert box.commands.run("echo direct").stdout.strip() == "direct"
     finally:
         Sandbox.kill(sandbox_id, **cluster.gateways[1].sdk())
+
+
+# ----------------------------------------------------------------------------------------- templates
+
+
+def _delete_template(cluster: Cluster, name: str) -> None:
+    with cluster.gateways[0].client() as c:
+        for box in c.get("/v2/sandboxes").json():
+            if box.get("alias") == name or box.get("templateID") == name:
+                c.delete(f"/sandboxes/{box['sandboxID']}")
+        r = c.delete(f"/templates/{name}")
+        assert r.status_code in (204, 404), r.text
+
+
+def test_a_template_built_through_one_gateway_runs_through_the_other(cluster: Cluster, tmp_path: Path) -> None:
+    """The unmodified SDK's build (request, upload link, PUT, start, status polls) through gateway 0: the
+    build runs on one node; a create through gateway 1 at once (before any heartbeat has the template)
+    lands there."""
+    gw0, gw1 = cluster.gateways
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "hello.txt").write_text("from the context\n")
+    name = f"gw-built-{uuid.uuid4().hex[:6]}"
+    template = (
+        Template(file_context_path=str(ctx))
+        .from_template("base")
+        .run_cmd("echo built-here > /etc/built", user="root")
+        .copy("hello.txt", "/home/user/hello.txt")
+    )
+    logs: list[str] = []
+    try:
+        info = Template.build(template, name, on_build_logs=lambda e: logs.append(str(e.message)), **gw0.sdk())
+        assert any(line.startswith("Uploaded 'hello.txt'") for line in logs), logs
+        sbx = Sandbox.create(template=name, timeout=120, **gw1.sdk())
+        try:
+            out = sbx.commands.run("cat /etc/built /home/user/hello.txt").stdout
+            assert out.splitlines() == ["built-here", "from the context"]
+            builder = node_of(cluster, sbx.sandbox_id)
+        finally:
+            sbx.kill()
+        holders = []
+        for node in cluster.nodes:
+            with node.client() as c:
+                if c.get(f"/templates/{name}").status_code == 200:
+                    holders.append(node.extra_env["WARREN_NODE_ID"])
+        assert holders == [builder]  # built once, on one node
+        assert Template.exists(name, **gw1.sdk())
+        assert not Template.exists(f"no-such-{name}", **gw1.sdk())
+        with gw1.client() as c:  # the status of a finished build, through the other gateway
+            r = c.get(f"/templates/{info.template_id}/builds/{info.build_id}/status")
+            assert r.status_code == 200 and r.json()["status"] == "ready", r.text
+            assert c.get(f"/templates/{info.template_id}").json()["names"] == [name]
+            r = c.get(f"/templates/{info.template_id}/files/{'ab' * 32}")  # the upload URL is the gateway's
+            assert r.status_code == 201 and r.json()["url"].startswith(f"{gw1.url}/warren/uploads/"), r.text
+            r = c.put(r.json()["url"].removeprefix(gw1.url), content=b"not a tar")
+            assert r.status_code == 201 and r.json()["size"] == 9, r.text  # streamed to the build's node
+    finally:
+        _delete_template(cluster, name)
+
+
+async def test_a_tag_assigned_through_a_gateway_is_resolved_at_create(cluster: Cluster) -> None:
+    gw0, gw1 = cluster.gateways
+    name = f"gw-tags-{uuid.uuid4().hex[:6]}"
+
+    def marked(text: str) -> Template:
+        return Template().from_template("base").run_cmd(f"echo {text} > /etc/tagged", user="root")
+
+    async def marker(ref: str) -> str:
+        box = await AsyncSandbox.create(template=ref, timeout=60, **gw1.sdk())
+        try:
+            return (await box.files.read("/etc/tagged")).strip()
+        finally:
+            await box.kill()
+
+    try:
+        await AsyncTemplate.build(marked("one"), name, **gw0.sdk())
+        v2 = await AsyncTemplate.build(marked("two"), f"{name}:v2", **gw1.sdk())
+        assigned = await AsyncTemplate.assign_tags(f"{name}:v2", "prod", **gw0.sdk())
+        assert assigned.build_id == v2.build_id
+        tags = {t.tag: t.build_id for t in await AsyncTemplate.get_tags(name, **gw1.sdk())}
+        assert set(tags) == {"default", "v2", "prod"} and tags["prod"] == v2.build_id
+        assert await marker(f"{name}:prod") == "two"
+        assert await marker(name) == "one"
+        await AsyncTemplate.remove_tags(name, "prod", **gw1.sdk())
+        assert "prod" not in {t.tag for t in await AsyncTemplate.get_tags(name, **gw0.sdk())}
+    finally:
+        _delete_template(cluster, name)
+
+
+def test_admin_routes_run_on_every_node(cluster: Cluster) -> None:
+    """``/warren/templates/import`` through a gateway imports on every live node; a node that refuses makes
+    the answer a 502 naming it; ``GET /runtimes`` lists each runtime with the nodes that have it."""
+    name = f"gw-import-{uuid.uuid4().hex[:6]}"
+    src = str(DEFAULT_CACHE / "templates" / "busybox" / "rootfs")
+    try:
+        with cluster.gateways[0].client() as c:
+            r = c.post("/warren/templates/import", json={"path": src, "name": name})
+            assert r.status_code == 201, r.text
+            assert r.json()["names"] == [name]
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # every node's next heartbeat shows it
+                nodes = {n["nodeID"]: n for n in c.get("/nodes").json() if n["nodeID"] in NODE_IDS}
+                if all(any(t["name"] == name for t in n["templates"]) for n in nodes.values()):
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError(f"{name} is not on every node: {nodes}")
+            r = c.post("/warren/templates/import", json={"path": src, "name": name})
+            assert r.status_code == 409, r.text  # every node says the same: that answer
+            with cluster.node("node-b").client() as direct:
+                assert direct.delete(f"/templates/{name}").status_code == 204
+            r = c.post("/warren/templates/import", json={"path": src, "name": name})
+            assert r.status_code == 502, r.text  # node-b imported it, the others refused
+            message = r.json()["message"]
+            assert "node-a" in message and "node-c" in message and "node-b" not in message, message
+            r = c.post("/warren/templates/import", json={"path": "/nowhere", "name": "x"})
+            assert r.status_code in (400, 403, 404), r.text
+
+            runtimes = c.get("/runtimes").json()
+            assert runtimes and all(set(NODE_IDS) <= set(rt["nodes"]) for rt in runtimes if rt["class"] == "runc")
+            assert c.post("/warren/runtimes/reload").status_code == 200
+            assert c.post(f"/warren/templates/{name}/pool", json={"size": 0}).status_code == 200
+
+            r = c.post("/warren/images/pull", json={"image": "127.0.0.1:9/warren-test/nope:v1", "name": f"{name}-p"})
+            assert r.status_code == 200, r.text
+            *_, last = [json.loads(line) for line in r.text.splitlines()]
+            assert last["event"] == "error" and all(n in last["message"] for n in NODE_IDS), last
+    finally:
+        _delete_template(cluster, name)
+
+
+def test_openapi_and_unserved_routes(cluster: Cluster) -> None:
+    gw = cluster.gateways[1]
+    r = httpx.get(f"{gw.url}/openapi.json")
+    assert r.status_code == 200 and "/v3/templates" in r.json()["paths"]
+    with cluster.nodes[0].client() as c:
+        assert r.json() == c.get("/openapi.json").json()
+    with gw.client() as c:
+        r = c.get("/secrets")
+        assert r.status_code == 501, r.text
+        assert "not part of warren's API" in r.json()["message"], r.text

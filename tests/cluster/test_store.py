@@ -197,3 +197,24 @@ async def test_an_admin_drain_is_visible_to_the_node(store: ClusterStore) -> Non
     assert not await store.drained("a")
     await store.set_drain("a", True)
     assert await store.drained("a")
+
+
+async def test_a_template_built_through_a_gateway_is_remembered_by_id_and_name(store: ClusterStore) -> None:
+    assert await store.template_node("tpl-1") is None
+    await store.set_template_node(["tpl-1", "web", ""], "a")
+    assert await store.template_node("tpl-1") == "a" and await store.template_node("web") == "a"
+    assert await store.template_node("") is None
+    await store.set_template_node(["web"], "b")  # built again elsewhere: the last build wins
+    await store.forget_template(["tpl-1", "web"], "a")  # a delete on a: only refs still naming a go
+    assert await store.template_node("tpl-1") is None and await store.template_node("web") == "b"
+    await store.set_template_node([], "a")  # nothing to remember: no error
+
+
+async def test_template_nodes_are_per_prefix(redis_server: RedisServer) -> None:
+    one, two = (ClusterStore.connect(redis_server.url, prefix=f"t{secrets.token_hex(4)}:") for _ in range(2))
+    try:
+        await one.set_template_node(["web"], "a")
+        assert await two.template_node("web") is None
+    finally:
+        await one.aclose()
+        await two.aclose()

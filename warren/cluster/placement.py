@@ -8,8 +8,9 @@ Filter, in order:
 1. live (heartbeat within its TTL) and not draining;
 2. what the create names: a snapshot must be on the node and its runtime hash in the node's runtime
    index (seed 003: a restore goes only where its runtime can be staged, else 409 naming the hash);
-   a template must be on the node and its sandbox class available there; a name no node knows goes
-   to any node (whose answer, a 404, is the right one);
+   a template (``name:tag``: its ``name``) must be on the node and its sandbox class available there;
+   a name no heartbeat lists yet goes to the node a build through a gateway made it on (Redis), and a
+   name no node knows to any node (whose answer, a 404, is the right one);
 3. capacity: a node at its cap (active sandboxes plus reservations) is skipped; all at cap is a 429.
 
 The strategy orders what is left. :class:`LeastLoaded` (the default) prefers the lowest share of the
@@ -31,7 +32,14 @@ from .records import NodeView
 @dataclass(frozen=True)
 class PlacementRequest:
     ref: str
-    """The create's ``templateID``: a template id or name, or a snapshot id or name."""
+    """The create's ``templateID``: a template id or name (``name:tag`` too), or a snapshot id or name."""
+    built_on: str | None = None
+    """The node a build through a gateway made the template on (Redis), for a name no heartbeat lists yet."""
+
+    @property
+    def template(self) -> str:
+        """``ref`` without a ``:tag``: the template the node record lists (tags live with its builds)."""
+        return self.ref.partition(":")[0]
 
 
 class Strategy(Protocol):
@@ -53,7 +61,7 @@ class LeastLoaded:
         def score(view: NodeView) -> tuple[float, float]:
             cap = view.info.max_sandboxes
             load = view.load / cap if cap > 0 else view.load / 1000
-            template = view.info.template(request.ref)
+            template = view.info.template(request.template)
             local = template is not None and view.info.template_use.get(template.id, 0) > 0
             return (load - (self.LOCALITY_WEIGHT if local else 0.0), self._rng.random())
 
@@ -61,7 +69,7 @@ class LeastLoaded:
 
 
 def _serves(view: NodeView, request: PlacementRequest) -> bool:
-    template = view.info.template(request.ref)
+    template = view.info.template(request.template)
     return template is not None and template.runtime in view.info.runtime_classes
 
 
@@ -82,15 +90,16 @@ def eligible(request: PlacementRequest, nodes: Sequence[NodeView]) -> list[NodeV
             named = ", ".join(sorted(h for h in hashes if h))
             raise ConflictError(f"no live node has runtime {named} that snapshot {request.ref!r} needs")
         return able
-    knowing = [v for v in live if v.info.template(request.ref) is not None]
+    knowing = [v for v in live if v.info.template(request.template) is not None]
     if knowing:
         able = [v for v in knowing if _serves(v, request)]
         if not able:
             raise UnavailableError(f"no live node can run template {request.ref!r}: its runtime is unavailable")
         return able
-    if any(v.info.template(request.ref) or v.info.snapshot(request.ref) for v in nodes):
+    if any(v.info.template(request.template) or v.info.snapshot(request.ref) for v in nodes):
         raise UnavailableError(f"template {request.ref!r} is only on nodes that are dead or draining")
-    return live
+    builder = [v for v in live if v.node_id == request.built_on]
+    return builder or live
 
 
 def place(request: PlacementRequest, nodes: Sequence[NodeView], strategy: Strategy) -> list[NodeView]:

@@ -7,7 +7,8 @@ Keys of node N (prefix ``P``): ``P node:N`` (hash: ``info`` JSON, ``max``, ``act
 (reservation token -> expiry, ms), ``P node:N:resv-sid`` (token -> ``sandbox|committed_ms``) and
 ``P node:N:drain`` (set by an admin: place nothing new there), ``P node:N:bound`` (sandbox id -> when last
 seen bound there: bindings not in the roster for longer than a grace are removed); and
-``P nodes`` (every node id ever seen) and ``P bindings`` (sandbox id -> node id).
+``P nodes`` (every node id ever seen), ``P bindings`` (sandbox id -> node id) and ``P template-nodes``
+(template id or name -> the node a build through a gateway made it on; ``UNBIND`` also clears its entries).
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ return 1
 )
 
 UNBIND = """
--- KEYS: bindings.  ARGV: sandbox id, node id. Only a binding still naming that node goes.
+-- KEYS: bindings (or template-nodes).  ARGV: sandbox id (or template ref), node id. Only a binding still
+-- naming that node goes.
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
   return redis.call('HDEL', KEYS[1], ARGV[1])
 end

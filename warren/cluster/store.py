@@ -1,4 +1,5 @@
-"""The cluster's shared state in Redis: membership, rosters, bindings and capacity reservations.
+"""The cluster's shared state in Redis: membership, rosters, bindings, capacity reservations, and the node
+each template built through a gateway is on.
 
 Every Redis failure leaves this module as :class:`~warren.errors.UnavailableError` (503): the gateways
 and the node's heartbeat treat Redis being away as a passing condition and try again.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -213,6 +214,27 @@ class ClusterStore:
             pipe.zrem(resv, reserved.token)
             pipe.hdel(resv_sid, reserved.token)
             await pipe.execute()
+
+    async def set_template_node(self, refs: Iterable[str], node_id: str) -> None:
+        """A template (by each of ``refs``: its id and name) is built on ``node_id``: every later call of its
+        builds (uploads, start, status, tags) goes there, and creates find it before a heartbeat lists it."""
+        items = [x for ref in dict.fromkeys(refs) if ref for x in (ref, node_id)]
+        if not items:
+            return
+        async with _redis_errors("template node"):
+            await self._r.hset(f"{self._p}template-nodes", items=items)
+
+    async def template_node(self, ref: str) -> str | None:
+        """The node a build through a gateway put template ``ref`` (id or name) on, or None."""
+        async with _redis_errors("template node"):
+            found = await self._r.hget(f"{self._p}template-nodes", ref)
+        return str(found) if found is not None else None
+
+    async def forget_template(self, refs: Iterable[str], node_id: str) -> None:
+        """The template was deleted on ``node_id``: its refs that still name that node are forgotten."""
+        async with _redis_errors("template node"):
+            for ref in refs:
+                await self._unbind(keys=[f"{self._p}template-nodes"], args=[ref, node_id])
 
     async def set_drain(self, node_id: str, drain: bool) -> None:
         """An admin's drain: no create is placed on the node until it is lifted (the node keeps serving)."""

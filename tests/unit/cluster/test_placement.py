@@ -88,6 +88,25 @@ def test_an_unknown_name_goes_to_any_live_node() -> None:
     assert ids(eligible(PlacementRequest("nope"), nodes)) == ["a"]
 
 
+def test_a_tagged_reference_goes_to_the_nodes_that_have_its_template() -> None:
+    web = TemplateInfo("t-web", "web", "runc")
+    nodes = [view("a"), view("b", templates=(BASE, web))]
+    assert ids(eligible(PlacementRequest("web:v2"), nodes)) == ["b"]
+    assert ids(place(PlacementRequest("web:prod"), nodes, LeastLoaded())) == ["b"]
+
+
+def test_a_name_built_a_moment_ago_goes_to_its_builder_before_any_heartbeat_lists_it() -> None:
+    nodes = [view("a"), view("b"), view("c")]
+    assert ids(eligible(PlacementRequest("fresh", built_on="b"), nodes)) == ["b"]
+    assert ids(eligible(PlacementRequest("fresh:v1", built_on="b"), nodes)) == ["b"]
+    # A builder that is down or draining: any live node (their 404 is the answer).
+    assert ids(eligible(PlacementRequest("fresh", built_on="gone"), nodes)) == ["a", "b", "c"]
+    # Once a heartbeat lists the template, the heartbeat decides.
+    web = TemplateInfo("t-web", "web", "runc")
+    listed = [view("a", templates=(BASE, web)), view("b")]
+    assert ids(eligible(PlacementRequest("web", built_on="b"), listed)) == ["a"]
+
+
 def test_full_nodes_are_skipped_counting_reservations() -> None:
     nodes = [view("a", active=4), view("b", active=2, reserved=2), view("c", active=3)]
     assert ids(place(PlacementRequest("base"), nodes, LeastLoaded())) == ["c"]

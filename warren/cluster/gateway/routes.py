@@ -17,10 +17,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ...api.errors import error_response
 from ...api.models import parse_json_object
 from ...errors import InvalidRequestError, NotFoundError, TooManyRequestsError, UnavailableError
 from ..placement import PlacementRequest, Strategy, place
+from . import builds, fanout
 from .directory import Directory
 from .listing import PARTIAL_HEADER, list_cluster
 from .moving import move, stranded_on, wakes
@@ -37,6 +37,8 @@ class Gateway:
     directory: Directory
     client: NodeClient
     strategy: Strategy
+    max_upload_bytes: int = 4 << 30
+    """The largest template-build upload relayed to a node (a node's own default limit)."""
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -51,8 +53,9 @@ async def create(request: Request) -> Response:
     if not isinstance(template, str) or not template:
         raise InvalidRequestError("templateID is required")
     nodes = await gw.directory.nodes(fresh=True)
-    candidates = place(PlacementRequest(template), nodes, gw.strategy)
-    known = any(v.info.template(template) or v.info.snapshot(template) for v in nodes)
+    wanted = PlacementRequest(template, built_on=await gw.directory.store.template_node(template.partition(":")[0]))
+    candidates = place(wanted, nodes, gw.strategy)
+    known = any(v.info.template(wanted.template) or v.info.snapshot(template) for v in nodes)
     refusals: list[str] = []
     for view in candidates:
         held = await gw.directory.store.reserve(view.node_id, hold_s=RESERVATION_HOLD_S)
@@ -215,12 +218,6 @@ async def health(request: Request) -> Response:
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-async def not_here(request: Request) -> Response:
-    return error_response(
-        501, f"{request.method} {request.url.path} is not served by the gateway yet: call a node directly"
-    )
-
-
 ROUTES = [
     Route("/health", health, methods=["GET"]),
     Route("/sandboxes", create, methods=["POST"]),
@@ -235,9 +232,27 @@ ROUTES = [
     Route("/templates", merged, methods=["GET"]),
     Route("/v2/templates", merged, methods=["GET"]),
     Route("/snapshots/{ref}", on_holder, methods=["GET", "DELETE"]),
-    Route("/templates/{ref}", on_holder, methods=["GET", "DELETE"]),
+    # Template builds and tags (builds.py): one node per build, remembered in Redis.
+    Route("/templates/tags", builds.change_tags, methods=["POST", "DELETE"]),  # before /templates/{ref}
+    Route("/templates/{template_id}/tags", builds.on_template, methods=["GET"]),
+    Route("/v3/templates", builds.request_build, methods=["POST"]),
+    Route("/templates/aliases/{alias}", builds.on_template, methods=["GET"]),
+    Route("/templates/{template_id}/files/{filesHash}", builds.files_link, methods=["GET"]),
+    Route("/warren/uploads/{template_id}/{filesHash}", builds.upload_files, methods=["PUT"]),
+    Route("/v2/templates/{template_id}/builds/{buildID}", builds.start_build, methods=["POST"]),
+    Route("/templates/{template_id}/builds/{buildID}/status", builds.on_template, methods=["GET"]),
+    Route("/templates/{ref}", builds.template_by_ref, methods=["GET", "DELETE"]),
+    # Per-node operations (fanout.py): on every live node.
+    Route("/warren/templates/import", fanout.on_every_node, methods=["POST"]),
+    Route("/warren/templates/ensure", fanout.on_every_node, methods=["POST"]),
+    Route("/warren/templates/{template_id}/pool", fanout.on_template_holders, methods=["POST"]),
+    Route("/warren/images/pull", fanout.on_every_node, methods=["POST"]),
+    Route("/warren/runtimes", fanout.on_every_node, methods=["POST"]),
+    Route("/warren/runtimes/reload", fanout.on_every_node, methods=["POST"]),
+    Route("/runtimes", fanout.list_runtimes, methods=["GET"]),
+    Route("/openapi.json", fanout.openapi, methods=["GET"]),
     Route("/nodes", list_nodes, methods=["GET"]),
     Route("/nodes/{node_id}", get_node, methods=["GET"]),
     Route("/nodes/{node_id}", set_node_status, methods=["POST"]),
-    Route("/{rest:path}", not_here, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+    Route("/{rest:path}", fanout.not_served, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
 ]

@@ -33,7 +33,7 @@ from .upstream import NodeClient
 
 log = logging.getLogger("warren.gateway")
 
-PUBLIC_PATHS = frozenset({"/health"})
+PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ class GatewaySettings:
     redis_prefix: str = DEFAULT_PREFIX
     http_header_timeout_s: float = 10.0
     http_max_concurrency: int = 4096
+    max_upload_bytes: int = 4 << 30
+    """The largest template-build upload the gateway relays (the nodes enforce their own limit too)."""
 
 
 class _ApiKeyAuth:
@@ -92,7 +94,7 @@ def create_gateway_app(
             Exception: unhandled_error_handler,
         },
     )
-    router.state.gateway = Gateway(directory, client, strategy or LeastLoaded())
+    router.state.gateway = Gateway(directory, client, strategy or LeastLoaded(), settings.max_upload_bytes)
     proxy = GatewayProxy(_ApiKeyAuth(router, settings.api_key), directory, settings.domain)
     return proxy, proxy
 

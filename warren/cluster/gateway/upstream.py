@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import httpx
 from starlette.requests import Request
 from starlette.responses import Response
@@ -46,6 +48,32 @@ class NodeClient:
                 params=httpx.QueryParams(tuple(params or ())),
                 content=body or None,
             )
+        except httpx.HTTPError as exc:
+            raise NodeUnreachable(f"node at {base_url} did not answer: {type(exc).__name__}: {exc}") from exc
+
+    async def open(
+        self,
+        base_url: str,
+        method: str,
+        path: str,
+        *,
+        headers: list[tuple[str, str]],
+        params: list[tuple[str, str]] | None = None,
+        body: bytes | AsyncIterator[bytes] = b"",
+        timeouts: httpx.Timeout | None = None,
+    ) -> httpx.Response:
+        """Like :meth:`call`, but the answer's body is left to stream (the caller closes it) and the request
+        body may be a stream too (sent chunked). ``timeouts`` replace the client's for this call."""
+        request = self._http.build_request(
+            method,
+            base_url.rstrip("/") + path,
+            headers=headers,
+            params=httpx.QueryParams(tuple(params or ())),
+            content=body or None,
+            timeout=timeouts or self._http.timeout,
+        )
+        try:
+            return await self._http.send(request, stream=True)
         except httpx.HTTPError as exc:
             raise NodeUnreachable(f"node at {base_url} did not answer: {type(exc).__name__}: {exc}") from exc
 
