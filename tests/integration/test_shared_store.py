@@ -181,9 +181,8 @@ def describe(root: Path) -> dict[bytes, tuple[Any, ...]]:
                     extra += (links.setdefault(st.st_ino, rel),)
             elif stat.S_ISCHR(st.st_mode):
                 extra = (st.st_rdev,)
-            xattrs = () if stat.S_ISLNK(st.st_mode) else tuple(
-                sorted((k, os.getxattr(path, k, follow_symlinks=False)) for k in os.listxattr(path, follow_symlinks=False))
-            )  # fmt: skip
+            names = () if stat.S_ISLNK(st.st_mode) else os.listxattr(path, follow_symlinks=False)
+            xattrs = tuple(sorted((k, os.getxattr(path, k, follow_symlinks=False)) for k in names))
             out[rel] = (kind, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, *extra, xattrs)
     return out
 
@@ -264,8 +263,7 @@ async def test_a_data_object_larger_than_its_manifest_says_is_refused(shared: Sh
     pushed = await shared.snapshots.push("k", src, {})
     bigger = tmp_path / "bigger.tar"
     await shared.objects.get_file(pushed.data_object, bigger, max_bytes=pushed.size)
-    with open(bigger, "ab") as f:
-        f.write(b"\0" * 10240)
+    bigger.write_bytes(bigger.read_bytes() + b"\0" * 10240)
     await shared.objects.put_file(pushed.data_object, bigger)
     with pytest.raises(BundleError):
         await shared.reader().pull("k", dest)
@@ -329,8 +327,8 @@ async def test_a_hostile_archive_cannot_write_outside_dest(shared: Shared, tmp_p
             info.size = 5
             tar.addfile(info, io.BytesIO(b"owned"))
     data = evil.read_bytes()
-    manifest = BundleManifest(key="k", data_object="k/data-feedfacefeedface.tar",
-                              sha256=hashlib.sha256(data).hexdigest(), size=len(data), created_at=1.0, meta={})  # fmt: skip
+    digest = hashlib.sha256(data).hexdigest()
+    manifest = BundleManifest("k", "k/data-feedfacefeedface.tar", digest, len(data), created_at=1.0, meta={})
     await shared.objects.put_file(manifest.data_object, evil)
     await shared.objects.put_bytes("k/manifest.json", manifest.encode())
     dest = tmp_path / "dest"
@@ -353,6 +351,7 @@ class GatedStore:
         self.waiting = asyncio.Event()
         self.gate = asyncio.Event()
         self.hold_puts = False
+        self.downloads: list[str] = []
 
     async def put_file(self, key: str, src: Path) -> None:
         if self.hold_puts:
@@ -364,6 +363,7 @@ class GatedStore:
         await self.inner.put_bytes(key, data)
 
     async def get_file(self, key: str, dest: Path, *, max_bytes: int) -> None:
+        self.downloads.append(key)
         if not self.gate.is_set() and not self.hold_puts:
             self.waiting.set()
             await self.gate.wait()
@@ -385,7 +385,7 @@ async def test_overwriting_a_key_while_it_is_pulled(shared: Shared, tmp_path: Pa
         d.mkdir()
     make_snapshot_dir(v1, "v1")
     make_snapshot_dir(v2, "v2")
-    await shared.snapshots.push("sandboxes/s", v1, {"v": 1})
+    first = await shared.snapshots.push("sandboxes/s", v1, {"v": 1})
     gated = GatedStore(shared.objects)
     reader = shared.reader(gated)
 
@@ -396,6 +396,7 @@ async def test_overwriting_a_key_while_it_is_pulled(shared: Shared, tmp_path: Pa
         gated.gate.set()
     got = pulling.result()
     assert got == second
+    assert gated.downloads == [first.data_object, second.data_object]  # v1's data vanished: read v2's
     assert describe(dest) == describe(v2)
     assert await _data_objects(shared.objects, "sandboxes/s") == [second.data_object]  # v1's data is gone
 
@@ -427,6 +428,21 @@ async def test_a_cancelled_push_leaves_nothing(shared: Shared, tmp_path: Path) -
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await shared.snapshots.manifest("k") is None  # and the fixture finds scratch empty
+
+
+async def test_a_cancelled_pull_leaves_dest_and_scratch_empty(shared: Shared, tmp_path: Path) -> None:
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    dest.mkdir()
+    make_snapshot_dir(src)
+    await shared.snapshots.push("k", src, {})
+    gated = GatedStore(shared.objects)
+    task = asyncio.ensure_future(shared.reader(gated).pull("k", dest))
+    await gated.waiting.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert os.listdir(dest) == []  # and the fixture finds scratch empty
 
 
 # object stores
