@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ...errors import InvalidRequestError
+from ...errors import InvalidRequestError, WarrenError
 from .objects import ObjectStore
 
 __all__ = ["open_object_store"]
@@ -49,7 +49,10 @@ def open_object_store(url: str, *, environ: Mapping[str, str] | None = None) -> 
         if endpoint is not None and urlsplit(endpoint).scheme not in ("http", "https"):
             raise InvalidRequestError(f"shared store {url!r}: the S3 endpoint {endpoint!r} is not an http(s) URL")
         region = query.get("region", [env.get("AWS_DEFAULT_REGION", "")])[-1] or None
-        return S3ObjectStore(parts.netloc, unquote(parts.path).strip("/"), endpoint_url=endpoint, region=region)
+        try:
+            return S3ObjectStore(parts.netloc, unquote(parts.path).strip("/"), endpoint_url=endpoint, region=region)
+        except WarrenError as exc:
+            raise InvalidRequestError(f"shared store {url!r}: {exc}") from exc
     raise InvalidRequestError(
         f"shared store {url!r}: expected an absolute path, file:///absolute/path or s3://bucket[/prefix]"
     )
