@@ -116,6 +116,10 @@ class Settings:
     """How often the node writes its membership record into Redis (``WARREN_CLUSTER_HEARTBEAT_S``)."""
     cluster_ttl_s: float = 10.0
     """A node whose last heartbeat is older than this is dead (``WARREN_CLUSTER_TTL_S``)."""
+    shared_store: str | None = None
+    """Where paused sandboxes and snapshots are shared between nodes (``--shared-store``,
+    ``WARREN_SHARED_STORE``): ``file:///mount/path`` (or an absolute path) or ``s3://bucket[/prefix]``;
+    see ``warren.snapshots.shared.config``. None: none."""
 
     @classmethod
     def from_env(cls, state_dir: Path, **overrides: object) -> Settings:
@@ -181,6 +185,7 @@ _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
     "WARREN_ADVERTISE_URL": ("advertise_url", str),
     "WARREN_CLUSTER_HEARTBEAT_S": ("cluster_heartbeat_s", float),
     "WARREN_CLUSTER_TTL_S": ("cluster_ttl_s", float),
+    "WARREN_SHARED_STORE": ("shared_store", str),
 }
 """Environment variable → (Settings field, parser), applied by :meth:`Settings.from_env`."""
 

@@ -20,3 +20,10 @@ def test_a_bad_integer_names_its_variable(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.setenv("WARREN_WARM_POOL", "two")
     with pytest.raises(ValueError, match="WARREN_WARM_POOL must be an integer, got 'two'"):
         Settings.from_env(tmp_path)
+
+
+def test_the_shared_store_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert Settings.from_env(tmp_path).shared_store is None
+    monkeypatch.setenv("WARREN_SHARED_STORE", "file:///mnt/warren-shared")
+    assert Settings.from_env(tmp_path).shared_store == "file:///mnt/warren-shared"
+    assert Settings.from_env(tmp_path, shared_store="s3://b/p").shared_store == "s3://b/p"

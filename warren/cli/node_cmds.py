@@ -64,6 +64,14 @@ def serve(
         str | None,
         typer.Option("--cluster-redis", help="Join the cluster whose state is in this Redis (redis://host:port/db)."),
     ] = None,
+    shared_store: Annotated[
+        str | None,
+        typer.Option(
+            "--shared-store",
+            help="Share paused sandboxes and snapshots with other nodes here: file:///mount/path (or an absolute "
+            "path) or s3://bucket[/prefix] (endpoint: WARREN_S3_ENDPOINT or ?endpoint=URL).",
+        ),
+    ] = None,
 ) -> None:
     """Run a warren node until SIGTERM or SIGINT."""
     host, port = parse_listen(listen)
@@ -79,6 +87,8 @@ def serve(
     fields.update({k: v for k, v in (("tls_cert", tls_cert), ("tls_key", tls_key)) if v is not None})
     if cluster_redis:
         fields["cluster_redis"] = cluster_redis
+    if shared_store:
+        fields["shared_store"] = shared_store
     if hasattr(settings_cls, "from_env"):  # applies the node's own WARREN_* variables (api key, ...)
         settings = settings_cls.from_env(state_dir, **fields)
     else:

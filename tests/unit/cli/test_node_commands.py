@@ -214,3 +214,23 @@ def test_main_is_the_console_script(monkeypatch: pytest.MonkeyPatch, capsys: pyt
         main()
     assert exit_info.value.code == 0
     assert "warren" in capsys.readouterr().out
+
+
+def test_serve_names_a_shared_store(clean_env: Path, runner: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
+
+    class _EnvSettings:
+        @classmethod
+        def from_env(cls, state_dir: Path, **overrides: object) -> dict[str, object]:
+            return overrides
+
+    monkeypatch.setattr(
+        node_cmds,
+        "_load",
+        _fake_loader({"warren.config.Settings": _EnvSettings, "warren.node.run_node": seen.append}),
+    )
+    result = runner.invoke(app, ["serve", "--shared-store", "s3://snaps/prod"])
+    assert result.exit_code == 0, result.output
+    assert seen[0]["shared_store"] == "s3://snaps/prod"
+    result = runner.invoke(app, ["serve"])
+    assert "shared_store" not in seen[1]  # unset: WARREN_SHARED_STORE (Settings.from_env) decides
