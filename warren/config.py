@@ -46,6 +46,7 @@ class Settings:
     """Extra CA certificates (PEM) the egress proxy trusts for the upstreams of HTTPS hosts that have
     header rules, besides the system store (``WARREN_EGRESS_UPSTREAM_CA``)."""
     node_name: str = "warren"
+    """This node's name (``WARREN_NODE_NAME``): its cgroup parent, and what ``GET /nodes`` on it calls it."""
     default_runtime: str = "runc"
     runtimes_file: Path | None = None
     """JSON runtime configs (seed 003); None: one config per local binary (runc, runsc)."""
@@ -182,6 +183,7 @@ _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
     "WARREN_PROFILE": ("profile_file", Path),
     "WARREN_CLUSTER_REDIS": ("cluster_redis", str),
     "WARREN_NODE_ID": ("node_id", str),
+    "WARREN_NODE_NAME": ("node_name", str),
     "WARREN_ADVERTISE_URL": ("advertise_url", str),
     "WARREN_CLUSTER_HEARTBEAT_S": ("cluster_heartbeat_s", float),
     "WARREN_CLUSTER_TTL_S": ("cluster_ttl_s", float),

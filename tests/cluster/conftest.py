@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.framework.redis import RedisServer, running_redis
+from tests.framework.s3 import s3_server  # noqa: F401  (a fixture: moto's server, standing in for S3/MinIO)
 
 
 @pytest.fixture(scope="module")

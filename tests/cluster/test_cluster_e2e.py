@@ -9,20 +9,24 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from e2b import AsyncSandbox, AsyncTemplate, Sandbox, Template
 from e2b.exceptions import NotFoundException
 
-from tests.framework.cluster import TTL_S, Cluster, Gateway, cluster_node
+from tests.framework.cluster import TTL_S, Cluster, Gateway, cluster_node, own_network, own_table
 from tests.framework.node import DEFAULT_CACHE, Node
 from tests.framework.redis import RedisServer
+from tests.framework.s3 import FAKE_CREDENTIALS, S3Server
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -30,9 +34,46 @@ CAP = 4
 NODE_IDS = ("node-a", "node-b", "node-c")
 
 
+@dataclass(frozen=True)
+class SharedStoreEnv:
+    bucket: str
+    endpoint: str
+    env: dict[str, str]
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.session.Session(
+            aws_access_key_id=FAKE_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=FAKE_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            region_name=FAKE_CREDENTIALS["AWS_DEFAULT_REGION"],
+        ).client("s3", endpoint_url=self.endpoint)
+
+    def parked(self, sandbox_id: str) -> bool:
+        """Whether a complete copy of the paused sandbox is in the store (its manifest is written last)."""
+        found = self.client().list_objects_v2(Bucket=self.bucket, Prefix=f"warren/paused/{sandbox_id}/manifest")
+        return bool(found.get("KeyCount"))
+
+    def wait_parked(self, sandbox_id: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.parked(sandbox_id):
+            assert time.monotonic() < deadline, f"{sandbox_id} was not parked in the shared store"
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def shared(s3_server: S3Server) -> SharedStoreEnv:
+    """One bucket of the local S3 server (moto, standing in for S3/MinIO) that every node shares."""
+    bucket = s3_server.make_bucket()
+    env = {"WARREN_SHARED_STORE": f"s3://{bucket}/warren", "WARREN_S3_ENDPOINT": s3_server.endpoint,
+           **FAKE_CREDENTIALS, "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+           "NO_PROXY": "127.0.0.1,localhost"}  # fmt: skip
+    return SharedStoreEnv(bucket, s3_server.endpoint, env)
+
+
 @pytest.fixture(scope="module")
 def cluster(
-    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, patched_runsc: Path
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, patched_runsc: Path, shared: SharedStoreEnv
 ) -> Iterator[Cluster]:
     if os.geteuid() != 0:
         pytest.skip("cluster tests start real sandboxes and need root")
@@ -40,7 +81,10 @@ def cluster(
         pytest.skip(f"no built-in templates in {DEFAULT_CACHE}: run `warren setup` first")
     key = "wrn_test_" + os.urandom(8).hex()
     base = tmp_path_factory.mktemp("cluster")
-    nodes = [cluster_node(base / i / "state", i, redis_server.url, key, patched_runsc, CAP) for i in NODE_IDS]
+    nodes = [
+        cluster_node(base / i / "state", i, redis_server.url, key, patched_runsc, CAP, shared.env, own_network(n))
+        for n, i in enumerate(NODE_IDS)
+    ]
     gateways = [Gateway(base / f"gw{i}", redis_server.url, key) for i in range(2)]
     started: list[Node | Gateway] = []
     try:
@@ -64,6 +108,8 @@ def cluster(
                 with contextlib.suppress(Exception):
                     item.kill_all_sandboxes()
             item.stop()
+        for n in range(len(NODE_IDS)):
+            subprocess.run(["nft", "delete", "table", "inet", own_table(n)], check=False, capture_output=True)
 
 
 @pytest.fixture(params=["runc", "gvisor"])
@@ -237,6 +283,123 @@ def test_a_drained_node_gets_nothing_new_and_keeps_serving_what_it_has(cluster: 
             c.post(f"/nodes/{drained}", json={"status": "ready"})
         kill_all(cluster)
     cluster.wait_nodes({drained: "ready"})
+
+
+def _paused_on(cluster: Cluster, shared: SharedStoreEnv, node_id: str, template: str) -> tuple[str, int | None]:
+    """A sandbox made on ``node_id`` (directly), with a file and (gVisor) a process whose memory must survive,
+    paused through a gateway and parked in the shared store: (its id, the process's pid or None)."""
+    with cluster.node(node_id).client() as c:
+        r = c.post("/sandboxes", json={"templateID": template, "timeout": 600})
+        assert r.status_code == 201, r.text
+        sandbox_id = r.json()["sandboxID"]
+    box = Sandbox.connect(sandbox_id, **cluster.gateways[0].sdk())
+    box.files.write("/home/user/moved.txt", f"from {node_id}")
+    pid = None
+    if template == "base-gvisor":  # memory moves with it: a process and what it holds in memory
+        pid = box.commands.run("sleep 3600", background=True).pid
+    assert box.pause() is True
+    shared.wait_parked(sandbox_id)
+    return sandbox_id, pid
+
+
+def _check_moved(cluster: Cluster, sandbox_id: str, old: str, pid: int | None, via: Gateway) -> str:
+    """Resumed through ``via`` on a node other than ``old``, with its file and (gVisor) its process."""
+    box = Sandbox.connect(sandbox_id, timeout=300, **via.sdk())
+    now = node_of(cluster, sandbox_id)
+    assert now != old
+    assert box.files.read("/home/user/moved.txt") == f"from {old}"
+    if pid is not None:
+        assert box.commands.run(f"cat /proc/{pid}/cmdline | tr '\\0' ' '").stdout.strip() == "sleep 3600"
+    assert box.commands.run("echo moved").stdout.strip() == "moved"
+    return now
+
+
+def _released(cluster: Cluster, node_id: str, sandbox_id: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    with cluster.node(node_id).client() as c:
+        while c.get(f"/sandboxes/{sandbox_id}").status_code != 404:
+            assert time.monotonic() < deadline, f"node {node_id} kept its copy of moved sandbox {sandbox_id}"
+            time.sleep(0.2)
+
+
+def test_a_drained_nodes_paused_sandboxes_resume_on_another_node(
+    cluster: Cluster, shared: SharedStoreEnv, template: str
+) -> None:
+    gw0, gw1 = cluster.gateways
+    drained = "node-a"
+    sandbox_id, pid = _paused_on(cluster, shared, drained, template)
+    try:
+        with gw0.client() as c:
+            assert c.post(f"/nodes/{drained}", json={"status": "draining"}).status_code == 204
+        cluster.wait_nodes({drained: "draining"})
+        _check_moved(cluster, sandbox_id, drained, pid, gw1)
+        _released(cluster, drained, sandbox_id)
+        assert not shared.parked(sandbox_id)  # resumed: the store's copy is stale, and gone
+        Sandbox.connect(sandbox_id, **gw0.sdk()).pause()  # and it can pause and move again
+        shared.wait_parked(sandbox_id)
+    finally:
+        with gw0.client() as c:
+            c.post(f"/nodes/{drained}", json={"status": "ready"})
+        Sandbox.kill(sandbox_id, **gw0.sdk())
+    cluster.wait_nodes({drained: "ready"})
+    assert not shared.parked(sandbox_id)  # a kill deletes the parked copy
+
+
+def test_a_sigkilled_nodes_paused_sandboxes_resume_elsewhere_with_files_and_memory(
+    cluster: Cluster, shared: SharedStoreEnv
+) -> None:
+    gw0, gw1 = cluster.gateways
+    victim_id = "node-c"
+    victim = cluster.node(victim_id)
+    with victim.client() as c:
+        gvisor = c.get("/health").json()["runtimes"].get("gvisor", {}).get("available")
+    made = [_paused_on(cluster, shared, victim_id, t) for t in (["base", "base-gvisor"] if gvisor else ["base"])]
+    try:
+        victim.stop(signal.SIGKILL)
+        cluster.wait_nodes({victim_id: "dead"}, timeout=TTL_S + 10)
+        for sandbox_id, pid in made:
+            _check_moved(cluster, sandbox_id, victim_id, pid, gw1)
+        victim.start()  # it comes back with its old copies: it releases them, they are bound elsewhere
+        cluster.wait_nodes({victim_id: "ready"})
+        for sandbox_id, _ in made:
+            _released(cluster, victim_id, sandbox_id)
+            assert node_of(cluster, sandbox_id) != victim_id
+    finally:
+        if victim.proc is None or victim.proc.poll() is not None:
+            victim.start()
+            cluster.wait_nodes({victim_id: "ready"})
+        for sandbox_id, _ in made:
+            with contextlib.suppress(Exception):
+                Sandbox.kill(sandbox_id, **gw0.sdk())
+
+
+def test_a_move_goes_only_to_a_node_with_the_runtime_hash(
+    cluster: Cluster, shared: SharedStoreEnv, redis_server: RedisServer
+) -> None:
+    """A parked sandbox whose runtime no node has: adopt is a 409 naming the hash, and so is the resume
+    through a gateway (its node, a ghost registered in Redis, is dead)."""
+    sandbox_id, _ = _paused_on(cluster, shared, "node-b", "base")
+    gw0, _ = cluster.gateways
+    ghost_hash = "f" * 64
+    try:
+        rewrite_parked_hash(shared, sandbox_id, ghost_hash)
+        with cluster.node("node-a").client() as c:
+            r = c.post(f"/warren/sandboxes/{sandbox_id}/adopt")
+            assert r.status_code == 409 and ghost_hash in r.json()["message"], r.text
+        with cluster.node("node-b").client() as c:  # its node lets it go, as if it had died
+            assert c.post(f"/warren/sandboxes/{sandbox_id}/release").status_code == 204
+        asyncio.run(register_dead_ghost(redis_server.url, sandbox_id))
+        with gw0.client() as c:
+            r = c.post(f"/sandboxes/{sandbox_id}/connect", json={"timeout": 60})
+            assert r.status_code == 409 and ghost_hash in r.json()["message"], r.text
+    finally:
+        asyncio.run(forget_ghost(redis_server.url, sandbox_id))
+        for key in shared.client().list_objects_v2(Bucket=shared.bucket, Prefix=f"warren/paused/{sandbox_id}/").get(
+            "Contents", []
+        ):
+            shared.client().delete_object(Bucket=shared.bucket, Key=key["Key"])
+        with cluster.node("node-b").client() as c:
+            c.delete(f"/sandboxes/{sandbox_id}")
 
 
 def test_list_merges_every_node_with_pagination(cluster: Cluster) -> None:
@@ -555,3 +718,69 @@ def test_openapi_and_unserved_routes(cluster: Cluster) -> None:
         r = c.get("/secrets")
         assert r.status_code == 501, r.text
         assert "not part of warren's API" in r.json()["message"], r.text
+
+
+def rewrite_parked_hash(shared: SharedStoreEnv, sandbox_id: str, runtime_hash: str) -> None:
+    """Re-park the sandbox's copy with a runtime hash no node has (through the store's own client)."""
+    import tempfile
+
+    from warren.snapshots.shared import S3ObjectStore, SharedSnapshots
+
+    async def rewrite() -> None:
+        with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+            bundles = SharedSnapshots(S3ObjectStore(shared.bucket, "warren", endpoint_url=shared.endpoint),
+                                      Path(tmp) / "scratch")  # fmt: skip
+            data = Path(tmp) / "data"
+            data.mkdir()
+            manifest = await bundles.pull(f"paused/{sandbox_id}", data)
+            meta = dict(manifest.meta)
+            record = dict(meta["record"])
+            binding = json.loads(record["binding"])
+            binding["runtime_hash"] = runtime_hash
+            record["binding"] = json.dumps(binding)
+            meta["record"] = record
+            await bundles.push(f"paused/{sandbox_id}", data, meta)
+
+    saved = {k: os.environ.get(k) for k in FAKE_CREDENTIALS}
+    os.environ.update(FAKE_CREDENTIALS)
+    try:
+        asyncio.run(rewrite())
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+GHOST = "ghost-node"
+
+
+async def register_dead_ghost(redis_url: str, sandbox_id: str) -> None:
+    """A node that registered once with ``sandbox_id`` paused on it and died at once."""
+    from warren.cluster.records import NodeInfo
+    from warren.cluster.store import ClusterStore
+
+    store = ClusterStore.connect(redis_url)
+    try:
+        await store.unbind(sandbox_id, "node-b")
+        info = NodeInfo(node_id=GHOST, url="http://127.0.0.1:9", max_sandboxes=4, active=0, running=0, paused=1,
+                        draining=False, runtime_classes=("runc",), runtime_hashes=())  # fmt: skip
+        await store.heartbeat(info, {sandbox_id: "paused"}, ttl_s=0.2, grace_s=600)
+        await asyncio.sleep(0.4)
+    finally:
+        await store.aclose()
+
+
+async def forget_ghost(redis_url: str, sandbox_id: str) -> None:
+    from warren.cluster.store import DEFAULT_PREFIX, ClusterStore
+
+    store = ClusterStore.connect(redis_url)
+    try:
+        await store.unbind(sandbox_id, GHOST)
+        client = store._r  # the test's own cleanup of the ghost's keys
+        await client.srem(f"{DEFAULT_PREFIX}nodes", GHOST)
+        await client.delete(*(f"{DEFAULT_PREFIX}node:{GHOST}{s}" for s in ("", ":alive", ":roster", ":resv",
+                                                                          ":resv-sid", ":bound", ":drain")))
+    finally:
+        await store.aclose()

@@ -94,9 +94,27 @@ class Cluster:
         raise AssertionError(f"nodes did not reach {want}: {seen}")
 
 
+def own_network(index: int) -> dict[str, str]:
+    """The environment that gives node ``index`` of a one-host test cluster a network of its own, as
+    separate hosts would have: netns and veth names, nft table, address pool and cgroup parent (the node
+    name). A sandbox that moves between nodes keeps its id, so nodes sharing these would collide on its
+    netns and cgroup."""
+    return {"WARREN_NETWORK_PREFIX": f"k{index}", "WARREN_NETWORK_TABLE": own_table(index),
+            "WARREN_NETWORK_CIDR": f"10.{80 + index}.0.0/16", "WARREN_NODE_NAME": f"warren-k{index}"}  # fmt: skip
+
+
+def own_table(index: int) -> str:
+    return f"warren_k{index}"
+
+
 def cluster_node(state_dir: Path, node_id: str, redis_url: str, api_key: str, runsc: Path | None,
-                 max_sandboxes: int) -> Node:  # fmt: skip
+                 max_sandboxes: int, shared_store: dict[str, str] | None = None,
+                 network: dict[str, str] | None = None) -> Node:  # fmt: skip
+    """A node of a test cluster; ``shared_store``: the environment that gives it one (``WARREN_SHARED_STORE``...);
+    ``network``: its own network (:func:`own_network`), else the host's default one, shared."""
     env = {
+        **(shared_store or {}),
+        **(network or {}),
         "WARREN_WARM_POOL": "0",
         "WARREN_CLUSTER_REDIS": redis_url,
         "WARREN_NODE_ID": node_id,

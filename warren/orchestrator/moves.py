@@ -218,9 +218,13 @@ class Mover:
         kind = RuntimeKind(parked.runtime)
         self._runtimes.available(kind)
         await self._runtimes.stage(parked.binding.runtime_hash, kind)  # 409 naming the hash when missing
+        # By id, else by name: each node imports or builds its own copy of a template (built-ins, imports).
         template = await self._templates.find(parked.template_id)
+        if template is None and parked.alias:
+            template = await self._templates.find(parked.alias)
         if template is None:
-            raise ConflictError(f"template {parked.template_id} of sandbox {parked.id} is not on this node")
+            named = f"{parked.template_id} ({parked.alias})" if parked.alias else parked.template_id
+            raise ConflictError(f"template {named} of sandbox {parked.id} is not on this node")
         image = dataclasses.replace(parked.image, layers=template.layers)
         mode = PauseMode.MEMORY if memory else PauseMode.FILESYSTEM
         return dataclasses.replace(

@@ -17,7 +17,7 @@ from .tags import TagRepo, delete_template
 _SANDBOX_COLS = [f.name for f in dataclasses.fields(SandboxRecord)]
 
 
-def _sandbox(row: Mapping[str, Any]) -> SandboxRecord:
+def _sandbox(row: sqlite3.Row | Mapping[str, Any]) -> SandboxRecord:
     return SandboxRecord(
         id=row["id"],
         template_id=row["template_id"],

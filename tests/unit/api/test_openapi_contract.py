@@ -8,8 +8,8 @@ import re
 
 from starlette.routing import Route
 
-from warren.api.openapi import OPENAPI, OPERATIONS
 from warren.api.app import ROUTE_MODULES
+from warren.api.openapi import OPENAPI, OPERATIONS
 
 _SPELLING = {"{sandbox_id}": "{sandboxID}", "{template_id}": "{templateID}", "{snapshot_id}": "{snapshotID}",
              "{node_id}": "{nodeID}"}  # fmt: skip
@@ -44,7 +44,7 @@ def test_bodies_and_answers_are_documented() -> None:
     schemas = OPENAPI["components"]["schemas"]
     for op in OPERATIONS:
         entry = OPENAPI["paths"][op.path][op.method]
-        bodiless = ("/warren/runtimes/reload", "/warren/sandboxes/{sandboxID}/adopt", "/warren/sandboxes/{sandboxID}/release")
+        bodiless = ("/warren/runtimes/reload", *(f"/warren/sandboxes/{{sandboxID}}/{a}" for a in ("adopt", "release")))
         if op.method in ("post", "put") and op.path not in bodiless:
             assert "requestBody" in entry, (op.method, op.path)
         for status, answer in entry["responses"].items():

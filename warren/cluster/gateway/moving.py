@@ -39,25 +39,32 @@ log = logging.getLogger(__name__)
 MOVE_HOLD_S = 300.0
 """How long a move's claim and slot hold when the gateway dies mid-move (a pull can take a while)."""
 _FOLLOW_S = 300.0
-_WAKING = re.compile(r"^/sandboxes/[^/]+/(resume|connect)/?$")
+_WAKING = re.compile(r"^(/v2)?/sandboxes/[^/]+/(resume|connect)/?$")
 
 RankFn = Callable[[PlacementRequest, Sequence[NodeView]], list[NodeView]]
 """The placement strategy's ``rank``."""
 
 
 def wakes(request: Request) -> bool:
-    """Whether the call resumes the sandbox: ``POST /sandboxes/{id}/resume`` or ``/connect``."""
+    """Whether the call resumes the sandbox: ``POST [/v2]/sandboxes/{id}/resume`` or ``/connect``."""
     return request.method == "POST" and _WAKING.match(request.url.path) is not None
 
 
-async def stranded_on(directory: Directory, sandbox_id: str) -> NodeView | None:
+async def stranded_on(request: Request, directory: Directory, client: NodeClient, sandbox_id: str) -> NodeView | None:
     """The node a paused sandbox waits on when that node cannot resume it now (dead, stopped or
-    draining); None when it is not paused there, or its node is ready."""
+    draining); None when it is not paused there, or its node is ready. A live node is asked for the
+    sandbox's state (its last heartbeat may predate the pause); a dead one's last roster tells."""
     found = await directory.locate(sandbox_id)
     node = found.node
     if node.alive and not node.draining:
         return None
-    state = found.state if not node.alive else (await directory.store.roster(node.node_id)).get(sandbox_id)
+    if not node.alive:
+        return node if found.state == "paused" else None
+    try:
+        answer = await client.call(node.info.url, "GET", f"/sandboxes/{sandbox_id}", headers=passed_headers(request))
+    except UnavailableError:
+        return None
+    state = answer.json().get("state") if answer.status_code == 200 else None
     return node if state == "paused" else None
 
 

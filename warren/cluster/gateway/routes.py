@@ -133,7 +133,7 @@ async def on_sandbox(request: Request) -> Response:
             await gw.directory.store.unbind(sandbox_id, found.node.node_id)  # a lost sandbox: forgotten
             return Response(status_code=204)
     view = None
-    if wakes(request) and (source := await stranded_on(gw.directory, sandbox_id)) is not None:
+    if wakes(request) and (source := await stranded_on(request, gw.directory, gw.client, sandbox_id)) is not None:
         view = await move(request, gw.directory, gw.client, gw.strategy.rank, sandbox_id, source)
     if view is None:
         view = await gw.directory.live(sandbox_id)
