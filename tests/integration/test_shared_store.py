@@ -8,6 +8,7 @@ Every test runs on both; each one ends with the leak check of the ``shared`` fix
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import io
 import json
@@ -478,6 +479,41 @@ async def test_an_oversize_object_is_refused(store: ObjectStore, tmp_path: Path)
         await store.get_file("big", tmp_path / "big", max_bytes=999)
     assert not (tmp_path / "big").exists()
     assert await store.get_bytes("big", max_bytes=1000) == b"x" * 1000
+
+
+async def test_a_cancelled_transfer_stops_and_cleans_up(store: ObjectStore, tmp_path: Path) -> None:
+    """Cancelled mid-download, get_file returns only once its thread stopped and removed the partial file
+    (a thread left running would write into scratch after the caller cleaned it); cancelled mid-upload,
+    put_file leaves no object."""
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(96 * MiB))
+    await store.put_file("big", big)
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    for _ in range(5):  # a try where the copy finished before the test saw it started proves nothing
+        task = asyncio.ensure_future(store.get_file("big", downloads / "copy", max_bytes=96 * MiB))
+        while not task.done() and not os.listdir(downloads):  # noqa: ASYNC110 (a file appearing: no event)
+            await asyncio.sleep(0.001)
+        if task.done():
+            await task
+            os.unlink(downloads / "copy")
+            continue
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert os.listdir(downloads) == []
+        break
+    else:
+        pytest.fail("every download finished before it could be cancelled")
+
+    task = asyncio.ensure_future(store.put_file("up", big))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert sorted(await store.list("")) in (["big"], ["big", "up"])  # a put is all or nothing
+    if "up" in await store.list(""):
+        assert await store.get_bytes("up", max_bytes=96 * MiB) == big.read_bytes()
 
 
 BAD_KEYS = ["", "/abs", "a/../b", "..", ".", "a/./b", "a//b", "a/", "nul\x00byte", "ctl\nchar", ".tmp/x",

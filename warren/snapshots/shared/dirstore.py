@@ -16,21 +16,20 @@ keys that exist; a put that races such a removal retries on a fresh path.
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import contextlib
 import errno
 import os
 import secrets
-import shutil
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from ...errors import HostError, InvalidRequestError, NotFoundError, UnavailableError
-from .objects import LIST_LIMIT, ObjectTooLargeError, check_key, check_prefix
+from .objects import LIST_LIMIT, ObjectTooLargeError, Stopped, check_key, check_prefix, run_in_thread
 
 __all__ = ["STALE_TMP_S", "DirObjectStore"]
 
@@ -79,11 +78,17 @@ class DirObjectStore:
     async def put_file(self, key: str, src: Path) -> None:
         check_key(key)
 
-        def fill(out: BinaryIO) -> None:
-            with open(src, "rb") as f:
-                shutil.copyfileobj(f, out, _CHUNK)
+        def put(stop: threading.Event) -> None:
+            def fill(out: BinaryIO) -> None:
+                with open(src, "rb") as f:
+                    while chunk := f.read(_CHUNK):
+                        if stop.is_set():
+                            raise Stopped
+                        out.write(chunk)
 
-        await asyncio.to_thread(self._put, key, fill)
+            self._put(key, fill)
+
+        await run_in_thread(put)
 
     async def put_bytes(self, key: str, data: bytes) -> None:
         check_key(key)
@@ -91,26 +96,31 @@ class DirObjectStore:
         def fill(out: BinaryIO) -> None:
             out.write(data)
 
-        await asyncio.to_thread(self._put, key, fill)
+        await run_in_thread(lambda stop: self._put(key, fill))
 
     async def get_file(self, key: str, dest: Path, *, max_bytes: int) -> None:
         check_key(key)
 
-        def get() -> None:
+        def get(stop: threading.Event) -> None:
+            def sink(chunk: bytes) -> None:
+                if stop.is_set():
+                    raise Stopped
+                out.write(chunk)
+
             with open(dest, "wb") as out:
                 try:
-                    self._get(key, max_bytes, out.write)
+                    self._get(key, max_bytes, sink)
                     out.flush()
                 except BaseException:
                     os.unlink(dest)
                     raise
 
-        await asyncio.to_thread(get)
+        await run_in_thread(get)
 
     async def get_bytes(self, key: str, *, max_bytes: int) -> bytes | None:
         check_key(key)
 
-        def get() -> bytes | None:
+        def get(stop: threading.Event) -> bytes | None:
             chunks: list[bytes] = []
             try:
                 self._get(key, max_bytes, chunks.append)
@@ -118,15 +128,15 @@ class DirObjectStore:
                 return None
             return b"".join(chunks)
 
-        return await asyncio.to_thread(get)
+        return await run_in_thread(get)
 
     async def delete(self, key: str) -> None:
         check_key(key)
-        await asyncio.to_thread(self._delete, key)
+        await run_in_thread(lambda stop: self._delete(key))
 
     async def list(self, prefix: str) -> builtins.list[str]:
         check_prefix(prefix)
-        return await asyncio.to_thread(self._list, prefix)
+        return await run_in_thread(lambda stop: self._list(prefix))
 
     # the synchronous work, in a thread
 

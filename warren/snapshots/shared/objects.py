@@ -11,12 +11,26 @@ key means the same object on every backend and can never name something outside 
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ...errors import HostError, InvalidRequestError
 
-__all__ = ["LIST_LIMIT", "MAX_KEY_LENGTH", "ObjectStore", "ObjectTooLargeError", "check_key", "check_prefix"]
+__all__ = [
+    "LIST_LIMIT",
+    "MAX_KEY_LENGTH",
+    "ObjectStore",
+    "ObjectTooLargeError",
+    "Stopped",
+    "check_key",
+    "check_prefix",
+    "run_in_thread",
+]
+
+T = TypeVar("T")
 
 MAX_KEY_LENGTH = 1024
 """Longest key in characters: S3's own limit is 1024 bytes of UTF-8, and a directory store's names stay
@@ -96,6 +110,30 @@ def check_prefix(prefix: str) -> str:
         if (not part and not last) or part.startswith("."):
             raise InvalidRequestError(f"listing prefix {prefix[:80]!r} cannot start a valid key")
     return prefix
+
+
+async def run_in_thread(fn: Callable[[threading.Event], T]) -> T:
+    """``fn(stop)`` in a worker thread, for the backends' blocking calls.
+
+    ``asyncio.to_thread`` abandons its thread when the caller is cancelled, and a download that goes on
+    writing after its caller cleaned up leaves files behind. Here a cancellation sets ``stop`` and waits
+    for the thread to return before ``CancelledError`` propagates: ``fn`` checks ``stop`` between chunks
+    and undoes its own partial work. (A second cancellation stops the waiting, not the thread.)
+    """
+    stop = threading.Event()
+    done = asyncio.get_running_loop().run_in_executor(None, fn, stop)
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        stop.set()
+        await asyncio.wait([done])
+        if not done.cancelled():
+            done.exception()  # retrieved: the cancellation is what the caller hears about
+        raise
+
+
+class Stopped(Exception):
+    """Raised inside :func:`run_in_thread`'s worker when ``stop`` is set (the caller was cancelled)."""
 
 
 def _check_chars(text: str, what: str) -> None:

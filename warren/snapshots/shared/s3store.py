@@ -5,9 +5,10 @@
 
 Credentials come from boto3's standard chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, a
 profile, an instance or pod role); warren never sees them. boto3 blocks, so every call runs in a
-thread (``asyncio.to_thread``). Files go through boto3's transfer manager: multipart uploads past
-``multipart_threshold`` (S3 needs them past 5 GiB; parts upload in parallel) and ranged parallel
-downloads. A put is atomic in S3 (a reader sees the old object or the new one). Listings follow
+thread (:func:`~.objects.run_in_thread`). Files go through boto3's transfer manager: multipart uploads
+past ``multipart_threshold`` (S3 needs them past 5 GiB; parts upload in parallel) and ranged parallel
+downloads; a cancelled caller cancels the transfer (a multipart upload is aborted, a partial download
+removed) and waits for it to stop. A put is atomic in S3 (a reader sees the old object or the new one). Listings follow
 continuation tokens page by page, up to :data:`~.objects.LIST_LIMIT` keys.
 
 Every error boto3 or botocore raises is mapped in :func:`_mapped`, and nowhere else: a missing key is
@@ -17,10 +18,10 @@ Every error boto3 or botocore raises is mapped in :func:`_mapped`, and nowhere e
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,11 +30,11 @@ from typing import Any, TypeVar
 import boto3  # type: ignore[import-untyped]
 import boto3.exceptions  # type: ignore[import-untyped]
 import botocore.exceptions  # type: ignore[import-untyped]
-from boto3.s3.transfer import TransferConfig  # type: ignore[import-untyped]
+from boto3.s3.transfer import TransferConfig, create_transfer_manager  # type: ignore[import-untyped]
 from botocore.config import Config  # type: ignore[import-untyped]
 
 from ...errors import HostError, NotFoundError, UnavailableError, WarrenError
-from .objects import LIST_LIMIT, ObjectTooLargeError, check_key, check_prefix
+from .objects import LIST_LIMIT, ObjectTooLargeError, check_key, check_prefix, run_in_thread
 
 __all__ = ["S3ObjectStore"]
 
@@ -44,6 +45,8 @@ DEFAULT_MULTIPART_THRESHOLD = 64 << 20
 CONNECT_TIMEOUT_S = 5.0
 """A server that has not accepted the connection by then is unreachable (then retried: see ``_ATTEMPTS``)."""
 READ_TIMEOUT_S = 60.0
+_STOP_POLL_S = 0.1
+"""How often a transfer's thread looks whether its caller was cancelled (then it cancels the transfer)."""
 _ATTEMPTS = 3
 """botocore's "standard" retry mode: 3 attempts with jittered backoff for throttling and 5xx/connection errors."""
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
@@ -95,22 +98,21 @@ class S3ObjectStore:
 
     async def put_file(self, key: str, src: Path) -> None:
         name = self._name(key)
-        await self._run("put", key, lambda: self._client.upload_file(os.fspath(src), self.bucket, name,
-                                                                     Config=self._transfer))  # fmt: skip
+        await self._run("put", key, lambda stop: self._transfer_file(stop, "upload", os.fspath(src), name))
 
     async def put_bytes(self, key: str, data: bytes) -> None:
         name = self._name(key)
-        await self._run("put", key, lambda: self._client.put_object(Bucket=self.bucket, Key=name, Body=data))
+        await self._run("put", key, lambda stop: self._client.put_object(Bucket=self.bucket, Key=name, Body=data))
 
     async def get_file(self, key: str, dest: Path, *, max_bytes: int) -> None:
         name = self._name(key)
 
-        def get() -> None:
+        def get(stop: threading.Event) -> None:
             size = int(self._client.head_object(Bucket=self.bucket, Key=name)["ContentLength"])
             if size > max_bytes:
                 raise ObjectTooLargeError(f"S3 store: {key!r} has {size} bytes, more than {max_bytes}")
             try:
-                self._client.download_file(self.bucket, name, os.fspath(dest), Config=self._transfer)
+                self._transfer_file(stop, "download", os.fspath(dest), name)
                 # Replaced by a larger object between the head and the download (warren never does that:
                 # its data objects have unique names): refused, if only after the fact.
                 if (got := os.stat(dest).st_size) > max_bytes:
@@ -125,7 +127,7 @@ class S3ObjectStore:
     async def get_bytes(self, key: str, *, max_bytes: int) -> bytes | None:
         name = self._name(key)
 
-        def get() -> bytes | None:
+        def get(stop: threading.Event) -> bytes | None:
             try:
                 answer = self._client.get_object(Bucket=self.bucket, Key=name)
             except botocore.exceptions.ClientError as exc:
@@ -148,12 +150,12 @@ class S3ObjectStore:
 
     async def delete(self, key: str) -> None:
         name = self._name(key)
-        await self._run("delete", key, lambda: self._client.delete_object(Bucket=self.bucket, Key=name))
+        await self._run("delete", key, lambda stop: self._client.delete_object(Bucket=self.bucket, Key=name))
 
     async def list(self, prefix: str) -> builtins.list[str]:
         check_prefix(prefix)
 
-        def list_keys() -> builtins.list[str]:
+        def list_keys(stop: threading.Event) -> builtins.list[str]:
             out: builtins.list[str] = []
             pages = self._client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=self.prefix + prefix, PaginationConfig={"PageSize": self._page_size}
@@ -174,9 +176,26 @@ class S3ObjectStore:
     def _name(self, key: str) -> str:
         return self.prefix + check_key(key)
 
-    async def _run(self, op: str, key: str, fn: Callable[[], T]) -> T:
+    async def _run(self, op: str, key: str, fn: Callable[[threading.Event], T]) -> T:
         with _mapped(op, key, self.bucket):
-            return await asyncio.to_thread(fn)
+            return await run_in_thread(fn)
+
+    def _transfer_file(self, stop: threading.Event, direction: str, filename: str, name: str) -> None:
+        """An upload or download through boto3's transfer manager (multipart, parallel parts), cancelled
+        when ``stop`` is set: it aborts a multipart upload and removes a partial download itself."""
+        manager = create_transfer_manager(self._client, self._transfer)
+        try:
+            if direction == "upload":
+                future = manager.upload(filename, self.bucket, name)
+            else:
+                future = manager.download(self.bucket, name, filename)
+            while not future.done():
+                if stop.wait(_STOP_POLL_S):
+                    future.cancel()
+                    break
+            future.result()
+        finally:
+            manager.shutdown()
 
 
 @contextlib.contextmanager
