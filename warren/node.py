@@ -36,6 +36,7 @@ from .node_runtimes import guest_source_dir, reap_orphans_for_node, start_runtim
 from .node_tls import domain_info, startup_message, tls_files
 from .orchestrator import SandboxManager
 from .orchestrator.faults import faults_from_env
+from .orchestrator.moves import SCRATCH
 from .orchestrator.requests import ListQuery
 from .orchestrator.shutdown import preserve_all
 from .runtime import build_agent_bundle
@@ -330,7 +331,7 @@ at its next start."""
 def _shared_store(settings: Settings) -> SharedSnapshots | None:
     if not settings.shared_store:
         return None
-    return SharedSnapshots(open_object_store(settings.shared_store), settings.state_dir / "moved" / ".scratch")
+    return SharedSnapshots(open_object_store(settings.shared_store), settings.state_dir / "moved" / SCRATCH)
 
 
 async def _park_before_leaving(manager: SandboxManager) -> None:

@@ -354,9 +354,14 @@ def test_a_sigkilled_nodes_paused_sandboxes_resume_elsewhere_with_files_and_memo
     with victim.client() as c:
         gvisor = c.get("/health").json()["runtimes"].get("gvisor", {}).get("available")
     made = [_paused_on(cluster, shared, victim_id, t) for t in (["base", "base-gvisor"] if gvisor else ["base"])]
+    doomed, _ = _paused_on(cluster, shared, victim_id, "base")
     try:
         victim.stop(signal.SIGKILL)
         cluster.wait_nodes({victim_id: "dead"}, timeout=TTL_S + 10)
+        with gw0.client() as c:  # a kill of one paused on the dead node: its parked copy goes
+            assert c.delete(f"/sandboxes/{doomed}").status_code == 204
+            assert c.get(f"/sandboxes/{doomed}").status_code == 404
+        assert not shared.parked(doomed)
         for sandbox_id, pid in made:
             _check_moved(cluster, sandbox_id, victim_id, pid, gw1)
         victim.start()  # it comes back with its old copies: it releases them, they are bound elsewhere

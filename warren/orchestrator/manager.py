@@ -314,6 +314,7 @@ class SandboxManager:
     async def recover(self) -> None:
         """On start: re-adopt what still runs or stays paused; settle half-done transitions; drop the rest."""
         await self._parts.recovery.recover()
+        await self._parts.mover.sweep()
         self._parts.timers.changed()
 
     async def run_timers(self) -> None:

@@ -39,6 +39,8 @@ from .table import SandboxTable
 
 log = logging.getLogger(__name__)
 
+SCRATCH = ".scratch"
+"""The shared store's scratch dir inside the mover's work dir (``node.py`` gives it)."""
 PARKED = "paused/"
 """The store's key prefix of parked sandboxes."""
 _FORMAT = 1
@@ -101,6 +103,24 @@ class Mover:
         if self._shared is None:
             raise ConflictError("this node has no shared snapshot store (--shared-store): sandboxes cannot move")
         return self._shared
+
+    async def sweep(self) -> None:
+        """At start, before anything moves: what a crash left in the work dir (half-made copies, the
+        store's scratch files) goes; the copies of adopted sandboxes, which their records name, stay."""
+        kept = {Path(s.record.binding.restore_dir).name for s in self._table if s.record.binding.restore_dir}
+
+        def sweep() -> None:
+            if not self._dir.is_dir():
+                return
+            for entry in self._dir.iterdir():
+                if entry.name == SCRATCH:
+                    for item in entry.iterdir():
+                        _remove(item)
+                elif entry.name not in kept:
+                    log.info("removing %s, left by an interrupted move", entry)
+                    _remove(entry)
+
+        await asyncio.to_thread(sweep)
 
     # ----- parking --------------------------------------------------------------------------------
 
