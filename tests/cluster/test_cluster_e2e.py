@@ -378,6 +378,49 @@ def test_a_sigkilled_nodes_paused_sandboxes_resume_elsewhere_with_files_and_memo
                 Sandbox.kill(sandbox_id, **gw0.sdk())
 
 
+def test_a_snapshot_in_the_shared_store_starts_sandboxes_on_other_nodes(
+    cluster: Cluster, shared: SharedStoreEnv, template: str
+) -> None:
+    gw0, gw1 = cluster.gateways
+    origin = "node-a"
+    with cluster.node(origin).client() as c:
+        r = c.post("/sandboxes", json={"templateID": template, "timeout": 300})
+        assert r.status_code == 201, r.text
+        source_id = r.json()["sandboxID"]
+    made: list[str] = [source_id]
+    try:
+        box = Sandbox.connect(source_id, **gw0.sdk())
+        box.files.write("/home/user/snap.txt", "shared")
+        info = box.create_snapshot()
+        deadline = time.monotonic() + 60
+        while not shared.client().list_objects_v2(
+            Bucket=shared.bucket, Prefix=f"warren/snapshots/{info.snapshot_id}/manifest"
+        ).get("KeyCount"):
+            assert time.monotonic() < deadline, "the snapshot was not published"
+            time.sleep(0.2)
+        with gw0.client() as c:
+            assert c.post(f"/nodes/{origin}", json={"status": "draining"}).status_code == 204
+        cluster.wait_nodes({origin: "draining"})
+        child = Sandbox.create(template=info.snapshot_id, timeout=120, **gw1.sdk())
+        made.append(child.sandbox_id)
+        assert node_of(cluster, child.sandbox_id) != origin
+        assert child.files.read("/home/user/snap.txt") == "shared"
+        with gw0.client() as c:
+            c.post(f"/nodes/{origin}", json={"status": "ready"})
+        cluster.wait_nodes({origin: "ready"})
+        time.sleep(1.5)  # the puller's heartbeat lists its copy
+        assert Sandbox.delete_snapshot(info.snapshot_id, **gw1.sdk()) is True
+        assert not shared.client().list_objects_v2(
+            Bucket=shared.bucket, Prefix=f"warren/snapshots/{info.snapshot_id}/"
+        ).get("KeyCount")
+    finally:
+        with gw0.client() as c:
+            c.post(f"/nodes/{origin}", json={"status": "ready"})
+        for sandbox_id in made:
+            with contextlib.suppress(Exception):
+                Sandbox.kill(sandbox_id, **gw0.sdk())
+
+
 def test_a_move_goes_only_to_a_node_with_the_runtime_hash(
     cluster: Cluster, shared: SharedStoreEnv, redis_server: RedisServer
 ) -> None:

@@ -94,7 +94,11 @@ class NodeServices:
         limits = self.manager.limits()
         templates = tuple(TemplateInfo(t.id, t.name, t.runtime) for t in await self.templates.all())
         manifests = await asyncio.to_thread(self.snapshots.list)
-        snaps = tuple(SnapshotInfo(m.snapshot_id, tuple(m.names), m.runtime, m.runtime_hash) for m in manifests)
+        published = self.manager.mover.is_published
+        snaps = tuple(
+            SnapshotInfo(m.snapshot_id, tuple(m.names), m.runtime, m.runtime_hash, published(m.snapshot_id))
+            for m in manifests
+        )
         running = [r for r in records if roster[r.id] == "running"]
         info = NodeInfo(
             node_id=self.node_id,

@@ -6,8 +6,9 @@ first that still has one (atomically, in Redis: :meth:`ClusterStore.reserve`).
 Filter, in order:
 
 1. live (heartbeat within its TTL) and not draining;
-2. what the create names: a snapshot must be on the node and its runtime hash in the node's runtime
-   index (seed 003: a restore goes only where its runtime can be staged, else 409 naming the hash);
+2. what the create names: a snapshot must be on the node (or in the shared store, which any node
+   reaches) and its runtime hash in the node's runtime index (seed 003: a restore goes only where its
+   runtime can be staged, else 409 naming the hash);
    a template (``name:tag``: its ``name``) must be on the node and its sandbox class available there;
    a name no heartbeat lists yet goes to the node a build through a gateway made it on (Redis), and a
    name no node knows to any node (whose answer, a 404, is the right one);
@@ -79,11 +80,14 @@ def eligible(request: PlacementRequest, nodes: Sequence[NodeView]) -> list[NodeV
     if not live:
         raise UnavailableError("no live node in the cluster can take new sandboxes")
     holders = [v for v in live if v.info.snapshot(request.ref) is not None]
+    shared = next((s for v in nodes if (s := v.info.snapshot(request.ref)) is not None and s.shared), None)
+    if shared is not None:  # in the shared store: any live node with its runtime can pull it
+        holders = live
     if holders:
-        hashes = {s.runtime_hash for v in holders if (s := v.info.snapshot(request.ref)) is not None}
+        hashes = {s.runtime_hash for v in holders if (s := v.info.snapshot(request.ref) or shared) is not None}
         able = [
             v for v in holders
-            if (s := v.info.snapshot(request.ref)) is not None
+            if (s := v.info.snapshot(request.ref) or shared) is not None
             and (s.runtime_hash is None or s.runtime_hash in v.info.runtime_hashes)
         ]  # fmt: skip
         if not able:

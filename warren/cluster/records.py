@@ -27,12 +27,14 @@ class TemplateInfo:
 
 @dataclass(frozen=True)
 class SnapshotInfo:
-    """A snapshot a node holds (today: only in its local store)."""
+    """A snapshot a node holds in its repository (``shared``: and in the shared store, so any node can
+    start from it)."""
 
     id: str
     names: tuple[str, ...]
     runtime: str
     runtime_hash: str | None
+    shared: bool = False
 
 
 @dataclass(frozen=True)

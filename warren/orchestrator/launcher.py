@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +20,7 @@ from ..names import DEFAULT_TAG, split_reference
 from ..runtime.base import Resources, RuntimeKind, SandboxSpec
 from ..runtime.oci.layout import SandboxPaths
 from ..runtime.registry import StagedRuntime
-from ..snapshots import SnapshotRepository
+from ..snapshots import SnapshotManifest, SnapshotRepository
 from ..store import (
     EgressPolicy,
     IngressPolicy,
@@ -35,6 +35,7 @@ from ..store import (
 from .agent import DEFAULT_USER, init_agent, init_sandbox, wait_healthy
 from .capacity import Capacity
 from .egress import install_egress_ca
+from .moves import TEMPLATE_SEAL_PREFIX
 from .origin import Origin
 from .pool import Pooled, WarmPool
 from .requests import CreateRequest, ttl_seconds
@@ -54,7 +55,7 @@ _CLAIMED_AGENT_DEADLINE_S = 2.0
 
 def template_snapshot_name(template_id: str) -> str:
     """The snapshot a gVisor template's creates restore (hidden from the E2B snapshot list)."""
-    return f"template:{template_id}"
+    return f"{TEMPLATE_SEAL_PREFIX}{template_id}"
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ class Launcher:
         templates: TemplateRepo,
         snapshots: SnapshotRepository | None,
         clock: Callable[[], float],
+        fetch_snapshot: Callable[[str], Awaitable[SnapshotManifest | None]] | None = None,
     ) -> None:
         self._settings = settings
         self._table = table
@@ -99,6 +101,7 @@ class Launcher:
         self._runtimes = runtimes
         self._templates = templates
         self._snapshots = snapshots
+        self._fetch_snapshot = fetch_snapshot
         self._clock = clock
         self.logs = SandboxLogs(clock)
         """The start commands' output (:mod:`warren.orchestrator.sandboxlogs`)."""
@@ -169,6 +172,8 @@ class Launcher:
             origin = Origin.of_snapshot(sealed, snapshots.data_dir(sealed.snapshot_id))
             return dataclasses.replace(origin, alias=template.name, start_cmd=template.start_cmd)
         manifest = await asyncio.to_thread(snapshots.find, name)
+        if manifest is None and self._fetch_snapshot is not None:  # another node's, in the shared store
+            manifest = await self._fetch_snapshot(name)
         if manifest is None:
             raise NotFoundError(f"template '{name}' not found")
         return Origin.of_snapshot(manifest, snapshots.data_dir(manifest.snapshot_id))

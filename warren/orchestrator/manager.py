@@ -87,10 +87,10 @@ def compose(
     table = SandboxTable(sandboxes, runtimes)
     capacity = Capacity(settings.max_sandboxes, table)
     rset = RuntimeSet(runtimes, registry)
-    launcher = Launcher(settings=settings, table=table, capacity=capacity, runtimes=rset, templates=templates,
-                        snapshots=snapshots, clock=clock)  # fmt: skip
-    mover = Mover(table=table, runtimes=rset, templates=templates, shared=shared,
+    mover = Mover(table=table, runtimes=rset, templates=templates, shared=shared, snapshots=snapshots,
                   work_dir=settings.state_dir / "moved", clock=clock)  # fmt: skip
+    launcher = Launcher(settings=settings, table=table, capacity=capacity, runtimes=rset, templates=templates,
+                        snapshots=snapshots, clock=clock, fetch_snapshot=mover.fetch)  # fmt: skip
     transitions = Transitions(settings=settings, table=table, capacity=capacity, runtimes=rset, faults=faults,
                               clock=clock, mover=mover)  # fmt: skip
     return Parts(
@@ -110,6 +110,7 @@ def compose(
             transitions=transitions,
             snapshots=snapshots,
             clock=clock,
+            mover=mover,
         ),
         sampler=MetricsSampler(table, rset, clock),
         mover=mover,
@@ -343,6 +344,11 @@ class SandboxManager:
         """Hold a sandbox another node parked as paused here; its resume restores it."""
         self._admit()
         return await self._parts.mover.adopt(sandbox_id)
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Delete a snapshot from this node's repository and from the shared store."""
+        await self._parts.snapshotter.delete(snapshot_id)
+        await self._parts.mover.unpublish(snapshot_id)
 
     async def release(self, sandbox_id: str) -> None:
         """Drop this node's copy of a paused sandbox that moved to another node."""

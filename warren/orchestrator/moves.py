@@ -1,4 +1,4 @@
-"""Paused sandboxes that can move between nodes: parked in the shared store, adopted by another node.
+"""What moves between nodes through the shared snapshot store: paused sandboxes and snapshots.
 
 A node with a shared snapshot store (``--shared-store``) *parks* every sandbox it pauses: a copy of
 the paused sandbox (its filesystem and, for gVisor, its memory image; a frozen runc sandbox's memory
@@ -14,7 +14,11 @@ access token and metadata. Its resume restores from that dir, then the copy in t
 The node that parked it *releases* its own copy when told (or when it finds the sandbox bound to
 another node): the local sandbox goes, the store's copy stays.
 
-One task (:meth:`Mover.run`, owned by the node) parks; pauses only queue the sandbox's id.
+Snapshots taken through the API are *published* to ``snapshots/<id>`` the same way (in the
+background); a create naming a snapshot this node lacks pulls it from the store into the node's
+repository first, and a delete removes the shared copy too. gVisor templates' seals stay local.
+
+One task (:meth:`Mover.run`, owned by the node) parks and publishes; pauses and snapshots only queue.
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .. import trees
-from ..errors import ConflictError, InvalidStateError, NotFoundError, WarrenError
+from ..errors import ConflictError, InvalidRequestError, InvalidStateError, NotFoundError, WarrenError
 from ..runtime.base import PauseMode, RuntimeKind
+from ..snapshots import SnapshotManifest, SnapshotRepository
+from ..snapshots.manifest import ManifestError
 from ..store import SandboxRecord, TemplateRepo, sandbox_of_json, sandbox_to_json
 from .runtimes import RuntimeSet
 from .sandbox import Sandbox
@@ -43,7 +49,13 @@ SCRATCH = ".scratch"
 """The shared store's scratch dir inside the mover's work dir (``node.py`` gives it)."""
 PARKED = "paused/"
 """The store's key prefix of parked sandboxes."""
+SHARED_SNAPSHOTS = "snapshots/"
+"""The store's key prefix of snapshots (any node can start sandboxes from them)."""
+TEMPLATE_SEAL_PREFIX = "template:"
+"""What the names of gVisor templates' sealed snapshots start with (``launcher.template_snapshot_name``)."""
 _FORMAT = 1
+_PARK = "park"
+_PUBLISH = "publish"
 
 
 class Bundle(Protocol):
@@ -71,6 +83,22 @@ def parked_key(sandbox_id: str) -> str:
     return PARKED + sandbox_id
 
 
+def shared_snapshot_key(snapshot_id: str) -> str:
+    return SHARED_SNAPSHOTS + snapshot_id
+
+
+def _shareable(manifest: SnapshotManifest) -> bool:
+    """User snapshots travel; a gVisor template's seal is this node's own (each node seals its templates)."""
+    return not any(n.startswith(TEMPLATE_SEAL_PREFIX) for n in manifest.names)
+
+
+def _names(meta: dict[str, Any]) -> tuple[str, ...]:
+    try:
+        return SnapshotManifest.decode(str(meta["manifest"]).encode()).names
+    except (KeyError, ManifestError):
+        return ()
+
+
 class Mover:
     def __init__(
         self,
@@ -79,6 +107,7 @@ class Mover:
         runtimes: RuntimeSet,
         templates: TemplateRepo,
         shared: SharedStore | None,
+        snapshots: SnapshotRepository | None,
         work_dir: Path,
         clock: Callable[[], float],
     ) -> None:
@@ -88,8 +117,10 @@ class Mover:
         self._shared = shared
         self._dir = work_dir
         self._clock = clock
-        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._snapshots = snapshots
+        self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
         self._parked: set[str] = set()
+        self._published: set[str] = set()
         self._releasing: set[str] = set()
         self._generation: dict[str, int] = {}
         """Bumped by every resume: a copy taken at an older generation is stale when its upload ends."""
@@ -127,7 +158,7 @@ class Mover:
     def paused(self, sandbox_id: str) -> None:
         """A sandbox was paused: park it (in the background)."""
         if self._shared is not None:
-            self._queue.put_nowait(sandbox_id)
+            self._queue.put_nowait((_PARK, sandbox_id))
 
     async def resumed(self, sandbox_id: str) -> None:
         """A sandbox was resumed here: its parked copy, if any, is stale now."""
@@ -140,21 +171,28 @@ class Mover:
         return sandbox_id in self._parked
 
     async def run(self) -> None:
-        """Park what pauses, one at a time; at start, whatever is paused here and not parked yet."""
+        """Park what pauses and publish what is snapshotted, one at a time; at start, whatever is paused
+        here and not parked yet, and every snapshot of this node not in the store yet."""
         if self._shared is None:
             return
         await asyncio.to_thread(self._dir.mkdir, parents=True, exist_ok=True)
         with contextlib.suppress(WarrenError):
             self._parked = {str(b.meta.get("sandbox_id")) for b in await self._shared.list(PARKED)}
+        with contextlib.suppress(WarrenError):
+            self._published = {str(b.meta.get("snapshot_id")) for b in await self._shared.list(SHARED_SNAPSHOTS)}
         for sandbox in list(self._table):
             if sandbox.state is SandboxState.PAUSED and sandbox.id not in self._parked:
-                self._queue.put_nowait(sandbox.id)
+                self._queue.put_nowait((_PARK, sandbox.id))
+        for manifest in await self._local_snapshots():
+            if manifest.snapshot_id not in self._published:
+                self._queue.put_nowait((_PUBLISH, manifest.snapshot_id))
         while True:
-            sandbox_id = await self._queue.get()
+            job, ident = await self._queue.get()
             try:
-                await self.park(sandbox_id)
+                await (self.park(ident) if job == _PARK else self._publish(ident))
             except Exception:
-                log.exception("parking sandbox %s in the shared store failed; it stays on this node only", sandbox_id)
+                log.exception("%s %s in the shared store failed; it stays on this node only",
+                              "parking sandbox" if job == _PARK else "publishing snapshot", ident)  # fmt: skip
 
     async def park(self, sandbox_id: str) -> bool:
         """Copy a paused sandbox to the shared store; False when there is nothing (left) to park."""
@@ -193,6 +231,73 @@ class Mover:
                 except Exception:
                     log.exception("parking sandbox %s failed", sandbox.id)
         return count
+
+    # ----- snapshots in the shared store -----------------------------------------------------------
+
+    def snapshotted(self, snapshot_id: str) -> None:
+        """A snapshot was taken here: publish it (in the background), so any node can start from it."""
+        if self._shared is not None:
+            self._queue.put_nowait((_PUBLISH, snapshot_id))
+
+    def is_published(self, snapshot_id: str) -> bool:
+        return snapshot_id in self._published
+
+    async def _local_snapshots(self) -> list[SnapshotManifest]:
+        if self._snapshots is None:
+            return []
+        return [m for m in await asyncio.to_thread(self._snapshots.list) if _shareable(m)]
+
+    async def _publish(self, snapshot_id: str) -> None:
+        store, repo = self._store(), self._snapshots
+        if repo is None or snapshot_id in self._published:
+            return
+        try:
+            manifest = await asyncio.to_thread(repo.get, snapshot_id)
+        except NotFoundError:
+            return  # deleted meanwhile
+        meta = {"format": _FORMAT, "snapshot_id": snapshot_id, "manifest": manifest.encode().decode()}
+        await store.push(shared_snapshot_key(snapshot_id), repo.data_dir(snapshot_id), meta)
+        self._published.add(snapshot_id)
+        if await asyncio.to_thread(repo.find, snapshot_id) is None:  # deleted while it uploaded
+            await self.unpublish(snapshot_id)
+        else:
+            log.info("published snapshot %s in the shared store", snapshot_id)
+
+    async def fetch(self, ref: str) -> SnapshotManifest | None:
+        """A snapshot by id or name from the shared store, pulled into this node's repository (None: the
+        store has none, or this node has no store)."""
+        repo = self._snapshots
+        if self._shared is None or repo is None:
+            return None
+        bundle = None
+        with contextlib.suppress(InvalidRequestError):
+            bundle = await self._shared.manifest(shared_snapshot_key(ref))
+        if bundle is None:
+            bundle = next((b for b in await self._shared.list(SHARED_SNAPSHOTS) if ref in _names(b.meta)), None)
+        if bundle is None:
+            return None
+        try:
+            manifest = SnapshotManifest.decode(str(bundle.meta["manifest"]).encode())
+        except (KeyError, ManifestError) as exc:
+            raise ConflictError(f"the shared copy of snapshot {ref} is unreadable: {exc}") from exc
+        try:
+            async with repo.writing(manifest.snapshot_id) as data:
+                await self._shared.pull(shared_snapshot_key(manifest.snapshot_id), data)
+                await repo.commit(data, manifest)
+        except ConflictError:  # another create pulled it a moment ago
+            pass
+        self._published.add(manifest.snapshot_id)
+        log.info("pulled snapshot %s from the shared store", manifest.snapshot_id)
+        return await asyncio.to_thread(repo.get, manifest.snapshot_id)
+
+    async def unpublish(self, snapshot_id: str) -> None:
+        """A snapshot was deleted: its shared copy goes too."""
+        self._published.discard(snapshot_id)
+        if self._shared is not None:
+            try:
+                await self._shared.delete(shared_snapshot_key(snapshot_id))
+            except WarrenError as exc:
+                log.warning("could not delete snapshot %s from the shared store: %s", snapshot_id, exc)
 
     # ----- adopting and releasing -----------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from ..store import SandboxRecord, TemplateRecord
 from .agent import wait_healthy
 from .capacity import Capacity
 from .launcher import Launch, Launcher, template_snapshot_name
+from .moves import Mover
 from .origin import Origin
 from .runtimes import RuntimeSet
 from .sandbox import Sandbox
@@ -44,7 +45,9 @@ class Snapshotter:
         transitions: Transitions,
         snapshots: SnapshotRepository | None,
         clock: Callable[[], float],
+        mover: Mover | None = None,
     ) -> None:
+        self._mover = mover
         self._table = table
         self._capacity = capacity
         self._runtimes = runtimes
@@ -75,7 +78,13 @@ class Snapshotter:
                 memory = await self._snapshot_locked(sandbox, data)
                 manifest = self._manifest(sandbox.record, snapshot_id, (name,) if name else (), memory)
                 await repo.commit(data, manifest)
+        if self._mover is not None:
+            self._mover.snapshotted(snapshot_id)
         return manifest
+
+    async def delete(self, snapshot_id: str) -> None:
+        """Delete a snapshot from the repository (by id)."""
+        await self._repo().delete(snapshot_id)
 
     async def _snapshot_locked(self, sandbox: Sandbox, dest: Path) -> bool:
         """Fill ``dest`` from the sandbox; follow the source if the runtime moved it (gVisor restore)."""

@@ -59,6 +59,18 @@ def test_a_restore_goes_only_to_a_node_with_the_snapshots_runtime_hash() -> None
     assert ids(eligible(PlacementRequest("mysnap"), nodes)) == ["b"]
 
 
+def test_a_snapshot_in_the_shared_store_places_on_any_live_node_with_its_runtime_hash() -> None:
+    shared = SnapshotInfo("s1", ("mysnap",), "gvisor", "h-gv", shared=True)
+    nodes = [view("dead", alive=False, snapshots=(shared,), hashes=("h-gv",)), view("a", hashes=("h-runc", "h-gv")),
+             view("b", hashes=("h-runc",)), view("c", draining=True, hashes=("h-gv",))]  # fmt: skip
+    assert ids(eligible(PlacementRequest("mysnap"), nodes)) == ["a"]
+    with pytest.raises(ConflictError, match="h-gv"):
+        eligible(PlacementRequest("s1"), [nodes[0], nodes[2]])
+    local = SnapshotInfo("s1", ("mysnap",), "gvisor", "h-gv")  # not shared: only where it is
+    with pytest.raises(UnavailableError, match="dead or draining"):
+        eligible(PlacementRequest("s1"), [view("dead", alive=False, snapshots=(local,)), view("a", hashes=("h-gv",))])
+
+
 def test_a_restore_no_node_can_stage_is_a_409_naming_the_hash() -> None:
     snap = SnapshotInfo("s1", (), "gvisor", "h-gv")
     with pytest.raises(ConflictError, match="h-gv"):

@@ -62,7 +62,7 @@ async def delete_snapshot(request: Request) -> Response:
     manifest = repo.find(request.path_params["snapshot_id"]) if repo else None
     if manifest is None or repo is None:
         raise NotFoundError(f"snapshot {request.path_params['snapshot_id']} not found")
-    await repo.delete(manifest.snapshot_id)
+    await services(request).manager.delete_snapshot(manifest.snapshot_id)
     return Response(status_code=204)
 
 
