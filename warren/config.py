@@ -116,6 +116,9 @@ class Settings:
     """How often the node writes its membership record into Redis (``WARREN_CLUSTER_HEARTBEAT_S``)."""
     cluster_ttl_s: float = 10.0
     """A node whose last heartbeat is older than this is dead (``WARREN_CLUSTER_TTL_S``)."""
+    metrics_public: bool = True
+    """``GET /metrics`` (Prometheus) answers without the API key, as ``/health`` does; ``WARREN_METRICS_PUBLIC=0``
+    asks for it (``X-API-Key`` or ``Authorization: Bearer``)."""
 
     @classmethod
     def from_env(cls, state_dir: Path, **overrides: object) -> Settings:
@@ -138,6 +141,11 @@ def _paths(text: str) -> tuple[Path, ...]:
 
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(h.strip() for h in text.split(",") if h.strip())
+
+
+def parse_flag(text: str) -> bool:
+    """A ``WARREN_*`` switch: anything but ``0``, ``false``, ``no``, ``off`` (any case) is on."""
+    return text.strip().lower() not in ("0", "false", "no", "off")
 
 
 _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
@@ -181,6 +189,7 @@ _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
     "WARREN_ADVERTISE_URL": ("advertise_url", str),
     "WARREN_CLUSTER_HEARTBEAT_S": ("cluster_heartbeat_s", float),
     "WARREN_CLUSTER_TTL_S": ("cluster_ttl_s", float),
+    "WARREN_METRICS_PUBLIC": ("metrics_public", parse_flag),
 }
 """Environment variable → (Settings field, parser), applied by :meth:`Settings.from_env`."""
 

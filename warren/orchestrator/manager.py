@@ -221,6 +221,10 @@ class SandboxManager:
             counts[sandbox.state.value] += 1
         return counts
 
+    def pool_stats(self) -> dict[str, dict[str, int]]:
+        """The warm pool's shelves: ``"<template>/<runtime>"`` -> ready, target, hits, misses."""
+        return self._parts.launcher.pool.stats()
+
     def active_count(self) -> int:
         return self._parts.capacity.active()
 
