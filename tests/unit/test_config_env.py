@@ -20,3 +20,12 @@ def test_a_bad_integer_names_its_variable(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.setenv("WARREN_WARM_POOL", "two")
     with pytest.raises(ValueError, match="WARREN_WARM_POOL must be an integer, got 'two'"):
         Settings.from_env(tmp_path)
+
+
+@pytest.mark.parametrize(("raw", "public"), [("0", False), ("off", False), (" False ", False), ("1", True)])
+def test_metrics_are_public_unless_switched_off(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, raw: str, public: bool
+) -> None:
+    assert Settings.from_env(tmp_path).metrics_public is True
+    monkeypatch.setenv("WARREN_METRICS_PUBLIC", raw)
+    assert Settings.from_env(tmp_path).metrics_public is public
