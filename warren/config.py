@@ -121,6 +121,9 @@ class Settings:
     """Where paused sandboxes and snapshots are shared between nodes (``--shared-store``,
     ``WARREN_SHARED_STORE``): ``file:///mount/path`` (or an absolute path) or ``s3://bucket[/prefix]``;
     see ``warren.snapshots.shared.config``. None: none."""
+    metrics_public: bool = True
+    """``GET /metrics`` (Prometheus) answers without the API key, as ``/health`` does; ``WARREN_METRICS_PUBLIC=0``
+    asks for it (``X-API-Key`` or ``Authorization: Bearer``)."""
 
     @classmethod
     def from_env(cls, state_dir: Path, **overrides: object) -> Settings:
@@ -143,6 +146,11 @@ def _paths(text: str) -> tuple[Path, ...]:
 
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(h.strip() for h in text.split(",") if h.strip())
+
+
+def parse_flag(text: str) -> bool:
+    """A ``WARREN_*`` switch: anything but ``0``, ``false``, ``no``, ``off`` (any case) is on."""
+    return text.strip().lower() not in ("0", "false", "no", "off")
 
 
 _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
@@ -188,6 +196,7 @@ _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
     "WARREN_CLUSTER_HEARTBEAT_S": ("cluster_heartbeat_s", float),
     "WARREN_CLUSTER_TTL_S": ("cluster_ttl_s", float),
     "WARREN_SHARED_STORE": ("shared_store", str),
+    "WARREN_METRICS_PUBLIC": ("metrics_public", parse_flag),
 }
 """Environment variable → (Settings field, parser), applied by :meth:`Settings.from_env`."""
 

@@ -24,6 +24,7 @@ from .aio import wait_event_or_task
 from .api import Services, create_app
 from .api.auth import load_or_create_api_key
 from .api.httpguard import guarded_http_protocol
+from .api.metrics import NodeMetrics
 from .cluster.membership import Heartbeat, NodeServices, advertise_url, node_id_of
 from .cluster.store import ClusterStore
 from .config import Settings
@@ -204,6 +205,7 @@ async def _serve_locked(
         await _ensure_builtin_templates(settings, templates)
         snapshots = await asyncio.to_thread(SnapshotRepository, settings.state_dir / "snapshots")
         shared = _shared_store(settings)
+        metrics = NodeMetrics()
         manager = SandboxManager(
             settings=settings,
             sandboxes=SandboxRepo(db),
@@ -213,7 +215,9 @@ async def _serve_locked(
             registry=node_runtimes.registry,
             faults=faults_from_env(),  # a test seam: inert unless WARREN_TEST_STALL is set
             shared=shared,
+            observe=metrics.observe,
         )
+        metrics.watch(manager)
         await manager.recover()
         await reap_orphans_for_node(node_runtimes, manager.known_ids(), settings)
         runc = node_runtimes.backends.get(RuntimeKind.RUNC)
@@ -240,6 +244,7 @@ async def _serve_locked(
             reload_runtimes=lambda: node_runtimes.reload(settings),
             builds=builds,
             code_interpreter=code_interpreter,
+            metrics=metrics,
             info={"node": settings.node_name, "agent_bundle": str(agent_bundle), "footprint": caps.__dict__,
                   "diskQuota": node_runtimes.backends[RuntimeKind.RUNC].disks.status(),
                   **domain_info(settings.domain, tls)},
@@ -285,7 +290,8 @@ async def _serve_locked(
                         templates, snapshots, node_runtimes.registry,
                         lambda: tuple(k.value for k, r in runtimes.items() if r.probe().available), time.time(),
                     )  # fmt: skip
-                    cluster = ClusterStore.connect(settings.cluster_redis)
+                    metrics.redis_errors.expect(("heartbeat", "leave"))
+                    cluster = ClusterStore.connect(settings.cluster_redis, on_error=metrics.redis_errors)
                     heartbeat = Heartbeat(cluster, member.node_id, member.snapshot,
                                           interval_s=settings.cluster_heartbeat_s, ttl_s=settings.cluster_ttl_s,
                                           after=member.settle_moves)  # fmt: skip

@@ -27,3 +27,12 @@ def test_the_shared_store_comes_from_the_environment(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("WARREN_SHARED_STORE", "file:///mnt/warren-shared")
     assert Settings.from_env(tmp_path).shared_store == "file:///mnt/warren-shared"
     assert Settings.from_env(tmp_path, shared_store="s3://b/p").shared_store == "s3://b/p"
+
+
+@pytest.mark.parametrize(("raw", "public"), [("0", False), ("off", False), (" False ", False), ("1", True)])
+def test_metrics_are_public_unless_switched_off(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, raw: str, public: bool
+) -> None:
+    assert Settings.from_env(tmp_path).metrics_public is True
+    monkeypatch.setenv("WARREN_METRICS_PUBLIC", raw)
+    assert Settings.from_env(tmp_path).metrics_public is public

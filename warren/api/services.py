@@ -16,6 +16,7 @@ from ..snapshots import SnapshotRepository
 from ..store import TemplateRecord, TemplateRepo
 from ..templates.build import BuildService
 from ..templates.codeinterp import Provisioner
+from .metrics import NodeMetrics
 
 
 @dataclass
@@ -34,6 +35,8 @@ class Services:
     """Template builds, image pulls and template deletion (``warren.templates.build``)."""
     code_interpreter: Provisioner | None = None
     """Builds ``code-interpreter-v1`` on first use (``warren.templates.codeinterp``)."""
+    metrics: NodeMetrics | None = None
+    """What ``GET /metrics`` serves (``warren.api.metrics``); None: a node built without them (404)."""
     """Static node facts shown at /health (node name, agent bundle path)."""
 
 

@@ -143,6 +143,14 @@ def gateway(
     api_key: Annotated[
         str | None, typer.Option("--api-key", envvar="WARREN_API_KEY", help="The API key the nodes share.")
     ] = None,
+    metrics_public: Annotated[
+        bool,
+        typer.Option(
+            "--metrics-public/--metrics-private",
+            envvar="WARREN_METRICS_PUBLIC",
+            help="GET /metrics without the API key (private: X-API-Key or Authorization: Bearer).",
+        ),
+    ] = True,
 ) -> None:
     """Run a stateless gateway: the E2B API and data-plane proxy in front of the cluster's nodes."""
     if not api_key:
@@ -150,7 +158,8 @@ def gateway(
     host, port = parse_listen(listen)
     run_gateway = _load("warren.cluster.gateway", "run_gateway")
     gateway_settings = _load("warren.cluster.gateway", "GatewaySettings")
-    run_gateway(gateway_settings(redis_url=redis, api_key=api_key, listen_host=host, listen_port=port))
+    run_gateway(gateway_settings(redis_url=redis, api_key=api_key, listen_host=host, listen_port=port,
+                                 metrics_public=metrics_public))  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:

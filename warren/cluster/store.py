@@ -2,7 +2,8 @@
 each template built through a gateway is on.
 
 Every Redis failure leaves this module as :class:`~warren.errors.UnavailableError` (503): the gateways
-and the node's heartbeat treat Redis being away as a passing condition and try again.
+and the node's heartbeat treat Redis being away as a passing condition and try again. Each is counted
+here, once, through ``on_error(operation)`` (the ``warren_redis_errors_total`` counter of the process).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -37,18 +38,21 @@ class Reserved:
         self.token = token
 
 
-@contextlib.asynccontextmanager
-async def _redis_errors(what: str) -> AsyncIterator[None]:
-    try:
-        yield
-    except RedisError as exc:
-        raise UnavailableError(f"the cluster store (Redis) is unavailable ({what}): {exc}") from exc
+ErrorCounter = Callable[[str], None]
+"""``on_error(operation)``: one Redis call failed (``heartbeat``, ``reserve``, ``list_nodes``, ``ping``...)."""
+
+
+def _no_count(operation: str) -> None:
+    pass
 
 
 class ClusterStore:
-    def __init__(self, client: aioredis.Redis, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(
+        self, client: aioredis.Redis, prefix: str = DEFAULT_PREFIX, on_error: ErrorCounter = _no_count
+    ) -> None:
         self._r = client
         self._p = prefix
+        self._on_error = on_error
         self._heartbeat = client.register_script(scripts.HEARTBEAT)
         self._reserve = client.register_script(scripts.RESERVE)
         self._commit = client.register_script(scripts.COMMIT)
@@ -57,7 +61,9 @@ class ClusterStore:
         self._end_move = client.register_script(scripts.END_MOVE)
 
     @classmethod
-    def connect(cls, url: str, prefix: str = DEFAULT_PREFIX, timeout_s: float = 2.0) -> ClusterStore:
+    def connect(
+        cls, url: str, prefix: str = DEFAULT_PREFIX, timeout_s: float = 2.0, on_error: ErrorCounter = _no_count
+    ) -> ClusterStore:
         """A store on a Redis URL (``redis://host:port/db``); connects lazily, reconnects by itself."""
         client = aioredis.Redis.from_url(
             url,
@@ -67,7 +73,16 @@ class ClusterStore:
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
             decode_responses=True,
         )
-        return cls(client, prefix)
+        return cls(client, prefix, on_error)
+
+    @contextlib.asynccontextmanager
+    async def _errors(self, what: str) -> AsyncIterator[None]:
+        """The one place a Redis error becomes an ``UnavailableError``, and is counted."""
+        try:
+            yield
+        except RedisError as exc:
+            self._on_error(what.replace(" ", "_"))
+            raise UnavailableError(f"the cluster store (Redis) is unavailable ({what}): {exc}") from exc
 
     async def aclose(self) -> None:
         await self._r.aclose()
@@ -95,19 +110,19 @@ class ClusterStore:
             args += [sandbox_id, state]
         keys = [f"{self._p}nodes", node, alive, roster_key, resv, resv_sid, f"{self._p}bindings",
                 self._bound_key(info.node_id)]  # fmt: skip
-        async with _redis_errors("heartbeat"):
+        async with self._errors("heartbeat"):
             await self._heartbeat(keys=keys, args=args)
 
     async def leave(self, node_id: str) -> None:
         """The node stops (gracefully): it is no longer live; its record and roster stay for its return."""
-        async with _redis_errors("leave"):
+        async with self._errors("leave"):
             await self._r.delete(self._node_keys(node_id)[1])
 
     # ----- gateway side ------------------------------------------------------------------------------
 
     async def nodes(self) -> list[NodeView]:
         """Every node ever registered, live or dead, with the reservations held on it."""
-        async with _redis_errors("list nodes"):
+        async with self._errors("list nodes"):
             ids = sorted(str(i) for i in await self._r.smembers(f"{self._p}nodes"))
             if not ids:
                 return []
@@ -138,25 +153,25 @@ class ClusterStore:
 
     async def roster(self, node_id: str) -> dict[str, str]:
         """The node's sandboxes (id -> ``running``/``paused``) at its last heartbeat."""
-        async with _redis_errors("roster"):
+        async with self._errors("roster"):
             raw = await self._r.hgetall(self._node_keys(node_id)[2])
         return {str(k): str(v) for k, v in raw.items()}
 
     async def binding(self, sandbox_id: str) -> str | None:
         """The node that has ``sandbox_id``, or None."""
-        async with _redis_errors("lookup"):
+        async with self._errors("lookup"):
             found = await self._r.hget(f"{self._p}bindings", sandbox_id)
         return str(found) if found is not None else None
 
     async def bind(self, sandbox_id: str, node_id: str) -> None:
         """A sandbox made on ``node_id`` outside a create (a fork child): bound, and running in its roster."""
         keys = [f"{self._p}bindings", self._node_keys(node_id)[2], self._bound_key(node_id)]
-        async with _redis_errors("bind"):
+        async with self._errors("bind"):
             await self._bind(keys=keys, args=[sandbox_id, node_id])
 
     async def unbind(self, sandbox_id: str, node_id: str) -> None:
         """Forget the binding if it still names ``node_id``; drop the sandbox from that node's roster."""
-        async with _redis_errors("unbind"):
+        async with self._errors("unbind"):
             await self._unbind(keys=[f"{self._p}bindings"], args=[sandbox_id, node_id])
             await self._r.hdel(self._node_keys(node_id)[2], sandbox_id)
             await self._r.zrem(self._bound_key(node_id), sandbox_id)
@@ -165,7 +180,7 @@ class ClusterStore:
         """The node each of ``sandbox_ids`` is bound to (None: none)."""
         if not sandbox_ids:
             return {}
-        async with _redis_errors("lookup"):
+        async with self._errors("lookup"):
             found = await self._r.hmget(f"{self._p}bindings", sandbox_ids)
         return {sid: (str(n) if n is not None else None) for sid, n in zip(sandbox_ids, found, strict=True)}
 
@@ -173,24 +188,24 @@ class ClusterStore:
         """Take the right to move ``sandbox_id`` to another node (one gateway at a time); a token to give
         back with :meth:`end_move`, or None when another gateway is moving it now."""
         token = secrets.token_hex(8)
-        async with _redis_errors("claim move"):
+        async with self._errors("claim move"):
             won = await self._r.set(f"{self._p}moving:{sandbox_id}", token, nx=True, px=int(hold_s * 1000))
         return token if won else None
 
     async def end_move(self, sandbox_id: str, token: str) -> None:
-        async with _redis_errors("end move"):
+        async with self._errors("end move"):
             await self._end_move(keys=[f"{self._p}moving:{sandbox_id}"], args=[token])
 
     async def drained(self, node_id: str) -> bool:
         """Whether an admin drained ``node_id`` (``POST /nodes/{id}`` through a gateway)."""
-        async with _redis_errors("drain"):
+        async with self._errors("drain"):
             return bool(await self._r.exists(self._drain_key(node_id)))
 
     async def reserve(self, node_id: str, *, hold_s: float) -> Reserved | str:
         """Take a slot on ``node_id`` atomically; the reason (``full``, ``dead``, ``draining``) when not."""
         token = secrets.token_hex(8)
         node, alive, _, resv, _ = self._node_keys(node_id)
-        async with _redis_errors("reserve"):
+        async with self._errors("reserve"):
             keys = [alive, node, resv, self._drain_key(node_id)]
             result = int(await self._reserve(keys=keys, args=[token, int(hold_s * 1000)]))
         if result == 1:
@@ -200,7 +215,7 @@ class ClusterStore:
     async def commit(self, reserved: Reserved, sandbox_id: str, *, hold_s: float) -> None:
         """The create succeeded: bind the sandbox; the slot stays held until the node's heartbeat has it."""
         _, _, roster, resv, resv_sid = self._node_keys(reserved.node_id)
-        async with _redis_errors("commit"):
+        async with self._errors("commit"):
             await self._commit(
                 keys=[resv, resv_sid, f"{self._p}bindings", roster, self._bound_key(reserved.node_id)],
                 args=[reserved.token, sandbox_id, reserved.node_id, int(hold_s * 1000)],
@@ -209,7 +224,7 @@ class ClusterStore:
     async def release(self, reserved: Reserved) -> None:
         """The create failed: give the slot back."""
         _, _, _, resv, resv_sid = self._node_keys(reserved.node_id)
-        async with _redis_errors("release"):
+        async with self._errors("release"):
             pipe = self._r.pipeline(transaction=True)
             pipe.zrem(resv, reserved.token)
             pipe.hdel(resv_sid, reserved.token)
@@ -221,24 +236,24 @@ class ClusterStore:
         items = [x for ref in dict.fromkeys(refs) if ref for x in (ref, node_id)]
         if not items:
             return
-        async with _redis_errors("template node"):
+        async with self._errors("template node"):
             await self._r.hset(f"{self._p}template-nodes", items=items)
 
     async def template_node(self, ref: str) -> str | None:
         """The node a build through a gateway put template ``ref`` (id or name) on, or None."""
-        async with _redis_errors("template node"):
+        async with self._errors("template node"):
             found = await self._r.hget(f"{self._p}template-nodes", ref)
         return str(found) if found is not None else None
 
     async def forget_template(self, refs: Iterable[str], node_id: str) -> None:
         """The template was deleted on ``node_id``: its refs that still name that node are forgotten."""
-        async with _redis_errors("template node"):
+        async with self._errors("template node"):
             for ref in refs:
                 await self._unbind(keys=[f"{self._p}template-nodes"], args=[ref, node_id])
 
     async def set_drain(self, node_id: str, drain: bool) -> None:
         """An admin's drain: no create is placed on the node until it is lifted (the node keeps serving)."""
-        async with _redis_errors("drain"):
+        async with self._errors("drain"):
             if drain:
                 await self._r.set(self._drain_key(node_id), "1")
             else:
@@ -248,4 +263,5 @@ class ClusterStore:
         try:
             return bool(await self._r.ping())
         except RedisError:
+            self._on_error("ping")
             return False

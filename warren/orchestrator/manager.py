@@ -10,6 +10,8 @@
     Snapshotter    snapshots, forks, gVisor templates sealed as memory snapshots
     MetricsSampler a 5 s series of each running sandbox's counters (one task for the node)
 
+Each lifecycle operation is timed here, once, and told to the observer (:mod:`.observe`).
+
 :func:`compose` builds the parts from the node's services; tests plug fakes in at the same seams
 (the runtimes, the record store, the clock, the fault injector).
 """
@@ -17,8 +19,9 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from ..config import Settings
@@ -42,6 +45,7 @@ from .faults import NO_FAULTS, Faults
 from .launcher import Launcher, template_snapshot_name
 from .metrics import MetricSample
 from .moves import Mover, SharedStore
+from .observe import Observe, Operation, Outcome, Timing, no_observe, timed
 from .pool import WarmPool
 from .recovery import Recovery
 from .requests import CreateRequest, ListQuery
@@ -69,6 +73,7 @@ class Parts:
     snapshotter: Snapshotter
     sampler: MetricsSampler
     mover: Mover
+    observe: Observe
 
 
 def compose(
@@ -82,6 +87,7 @@ def compose(
     clock: Callable[[], float] = time.time,
     faults: Faults = NO_FAULTS,
     shared: SharedStore | None = None,
+    observe: Observe = no_observe,
 ) -> Parts:
     """The manager's parts wired to each other, each given only what it uses."""
     table = SandboxTable(sandboxes, runtimes)
@@ -99,7 +105,7 @@ def compose(
         runtimes=rset,
         launcher=launcher,
         transitions=transitions,
-        timers=Timers(table=table, transitions=transitions, clock=clock),
+        timers=Timers(table=table, transitions=transitions, clock=clock, observe=observe),
         reaper=Reaper(table, rset),
         recovery=Recovery(table, rset),
         snapshotter=Snapshotter(
@@ -114,6 +120,7 @@ def compose(
         ),
         sampler=MetricsSampler(table, rset, clock),
         mover=mover,
+        observe=observe,
     )
 
 
@@ -133,11 +140,13 @@ class SandboxManager:
         clock: Callable[[], float] = time.time,
         faults: Faults = NO_FAULTS,
         shared: SharedStore | None = None,
+        observe: Observe = no_observe,
     ) -> None:
-        """The node's manager over parts :func:`compose` builds from these services."""
+        """The node's manager over parts :func:`compose` builds from these services; ``observe`` is told
+        how long each lifecycle operation took (:mod:`.observe`)."""
         self._init(compose(settings=settings, sandboxes=sandboxes, templates=templates, runtimes=runtimes,
                            snapshots=snapshots, registry=registry, clock=clock, faults=faults,
-                           shared=shared))  # fmt: skip
+                           shared=shared, observe=observe))  # fmt: skip
 
     @classmethod
     def of_parts(cls, parts: Parts) -> SandboxManager:
@@ -213,6 +222,17 @@ class SandboxManager:
         the re-adopted ones); anything else under the node's runtime markers is an orphan."""
         return self._parts.table.known_ids()
 
+    def state_counts(self) -> dict[str, int]:
+        """How many sandboxes are in each lifecycle state now (every state, zeros included)."""
+        counts = dict.fromkeys((s.value for s in SandboxState), 0)
+        for sandbox in self._parts.table:
+            counts[sandbox.state.value] += 1
+        return counts
+
+    def pool_stats(self) -> dict[str, dict[str, int]]:
+        """The warm pool's shelves: ``"<template>/<runtime>"`` -> ready, target, hits, misses."""
+        return self._parts.launcher.pool.stats()
+
     def active_count(self) -> int:
         return self._parts.capacity.active()
 
@@ -234,9 +254,19 @@ class SandboxManager:
 
     # ----- lifecycle -------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _timed(self, operation: Operation, sandbox_id: str) -> Iterator[Timing]:
+        """Time an operation on a sandbox this node holds; one on any other is a 404 and not observed."""
+        sandbox = self._parts.table.lookup(sandbox_id)
+        runtime = sandbox.kind.value if sandbox is not None else None
+        with timed(self._parts.observe, operation, runtime, skip=sandbox is None) as timing:
+            yield timing
+
     async def create(self, req: CreateRequest) -> SandboxRecord:
-        self._admit()
-        record = await self._parts.launcher.create(req)
+        with timed(self._parts.observe, Operation.CREATE, req.runtime) as timing:
+            self._admit()
+            record = await self._parts.launcher.create(req)
+            timing.runtime = record.runtime
         self._parts.timers.changed()
         return record
 
@@ -246,7 +276,8 @@ class SandboxManager:
         return await update_network(self._parts.table, self._parts.runtimes, sandbox_id, egress, asked)
 
     async def kill(self, sandbox_id: str) -> None:
-        await self._parts.transitions.kill(sandbox_id)
+        with self._timed(Operation.KILL, sandbox_id):
+            await self._parts.transitions.kill(sandbox_id)
         self._parts.timers.changed()
 
     async def set_timeout(self, sandbox_id: str, timeout_s: int) -> SandboxRecord:
@@ -255,9 +286,15 @@ class SandboxManager:
         return record
 
     async def connect(self, sandbox_id: str, timeout_s: int | None) -> tuple[SandboxRecord, bool]:
-        """Resume a paused sandbox, or extend a running one's TTL (never shortening it): (record, resumed)."""
-        self._admit()
-        out = await self._parts.transitions.connect(sandbox_id, timeout_s)
+        """Resume a paused sandbox, or extend a running one's TTL (never shortening it): (record, resumed).
+
+        Observed as a resume when it resumed, or failed on a sandbox that was paused."""
+        with self._timed(Operation.RESUME, sandbox_id) as timing:
+            sandbox = self._parts.table.lookup(sandbox_id)
+            timing.skip |= sandbox is None or sandbox.state not in (SandboxState.PAUSING, SandboxState.PAUSED)
+            self._admit()
+            out = await self._parts.transitions.connect(sandbox_id, timeout_s)
+            timing.skip = not out[1]
         self._parts.timers.changed()
         return out
 
@@ -270,7 +307,8 @@ class SandboxManager:
 
     async def pause(self, sandbox_id: str, *, memory: bool = True) -> SandboxRecord:
         """Pause a running sandbox; ``ConflictError`` (409) if it is already paused."""
-        return await self._parts.transitions.pause(sandbox_id, memory=memory)
+        with self._timed(Operation.PAUSE, sandbox_id):
+            return await self._parts.transitions.pause(sandbox_id, memory=memory)
 
     async def wake(self, sandbox_id: str) -> str | None:
         """For proxy traffic to a paused sandbox: resume it if it auto-resumes and return its address.
@@ -294,13 +332,17 @@ class SandboxManager:
     # ----- snapshots -------------------------------------------------------------------------------
 
     async def snapshot(self, sandbox_id: str, name: str | None = None) -> SnapshotManifest:
-        return await self._parts.snapshotter.snapshot(sandbox_id, name)
+        with self._timed(Operation.SNAPSHOT, sandbox_id):
+            return await self._parts.snapshotter.snapshot(sandbox_id, name)
 
     async def fork(
         self, sandbox_id: str, count: int, timeout_s: int | None
     ) -> builtins.list[SandboxRecord | WarrenError]:
-        self._admit()
-        out = await self._parts.snapshotter.fork(sandbox_id, count, timeout_s)
+        with self._timed(Operation.FORK, sandbox_id) as timing:
+            self._admit()
+            out = await self._parts.snapshotter.fork(sandbox_id, count, timeout_s)
+            if any(isinstance(child, WarrenError) for child in out):
+                timing.outcome = Outcome.ERROR
         self._parts.timers.changed()
         return out
 

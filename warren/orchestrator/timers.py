@@ -14,6 +14,7 @@ from collections.abc import Callable
 from ..errors import ConflictError, NotFoundError, WarrenError
 from ..runtime.base import RuntimeState
 from ..store import OnTimeout
+from .observe import Observe, Operation, no_observe, timed
 from .runtimes import RuntimeSet
 from .states import SandboxState
 from .table import SandboxTable
@@ -33,12 +34,14 @@ class Timers:
         transitions: Transitions,
         clock: Callable[[], float],
         concurrency: int = DEFAULT_EXPIRY_CONCURRENCY,
+        observe: Observe = no_observe,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self._table = table
         self._transitions = transitions
         self._clock = clock
+        self._observe = observe
         self._changed = asyncio.Event()
         self._gate = asyncio.Semaphore(concurrency)
         self._expiring: set[str] = set()
@@ -76,10 +79,12 @@ class Timers:
                 policy = sandbox.record.policy
                 if policy.on_timeout is OnTimeout.PAUSE:
                     log.info("sandbox %s reached its timeout; pausing", sandbox_id)
-                    await self._transitions.pause(sandbox_id, memory=policy.pause_memory)
+                    with timed(self._observe, Operation.PAUSE, sandbox.kind.value):
+                        await self._transitions.pause(sandbox_id, memory=policy.pause_memory)
                 else:
                     log.info("sandbox %s reached its timeout; killing", sandbox_id)
-                    await self._transitions.kill(sandbox_id)
+                    with timed(self._observe, Operation.KILL, sandbox.kind.value):
+                        await self._transitions.kill(sandbox_id)
         except (NotFoundError, ConflictError):
             pass
         except WarrenError as exc:

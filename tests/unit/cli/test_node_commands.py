@@ -141,6 +141,7 @@ def test_gateway_needs_redis_and_the_api_key(
         api_key: str
         listen_host: str
         listen_port: int
+        metrics_public: bool
 
     monkeypatch.setattr(
         node_cmds,
@@ -157,7 +158,11 @@ def test_gateway_needs_redis_and_the_api_key(
     assert result.exit_code != 0 and "API key" in result.output
     result = runner.invoke(app, ["gateway", "--redis", "redis://r:6379/0", "--listen", ":8081", "--api-key", "k"])
     assert result.exit_code == 0, result.output
-    assert ran == [_GatewaySettings("redis://r:6379/0", "k", "0.0.0.0", 8081)]
+    assert ran == [_GatewaySettings("redis://r:6379/0", "k", "0.0.0.0", 8081, True)]
+    monkeypatch.setenv("WARREN_METRICS_PUBLIC", "0")
+    result = runner.invoke(app, ["gateway", "--redis", "redis://r:6379/0", "--api-key", "k"])
+    assert result.exit_code == 0, result.output
+    assert ran[-1].metrics_public is False
 
 
 def test_serve_rejects_a_bad_listen_address(clean_env: Path, runner: CliRunner) -> None:

@@ -112,3 +112,14 @@ def test_the_overlay_keeps_the_base_daemonset_otherwise(rendered: list[Resource]
     base_env = [e for e in container(base, "node")["env"]]
     assert all(e in container(ds, "node")["env"] for e in base_env)
     assert pod_spec(ds)["volumes"] == pod_spec(base)["volumes"]
+
+
+def test_prometheus_scrapes_the_gateways_metrics(rendered: list[Resource]) -> None:
+    deployment = find(rendered, "Deployment", "warren-gateway")
+    gw = container(deployment, "gateway")
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(gw["ports"][0]["containerPort"])
+    assert annotations["prometheus.io/path"] == "/metrics"
+    node = find(rendered, "DaemonSet", "warren-node")  # the overlay keeps the node's own
+    assert node["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "3000"

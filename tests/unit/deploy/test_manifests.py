@@ -125,6 +125,16 @@ def test_probes_hit_health_on_the_listen_port(daemonset: Resource) -> None:
         assert ports.get(get["port"], get["port"]) == ports["http"], probe
 
 
+def test_prometheus_scrapes_metrics_on_the_listen_port(daemonset: Resource) -> None:
+    node = node_container(daemonset)
+    ports = {p["name"]: p["containerPort"] for p in node["ports"]}
+    annotations = daemonset["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(ports["http"])
+    assert annotations["prometheus.io/path"] == "/metrics"
+    assert "WARREN_METRICS_PUBLIC" not in env_of(node)  # public, as the annotations assume
+
+
 def test_node_serves_the_host_state_dir(daemonset: Resource) -> None:
     node = node_container(daemonset)
     assert node["args"][0] == "serve"

@@ -37,6 +37,8 @@ def _operation(op: Operation) -> dict[str, Any]:
     ok: dict[str, Any] = {"description": "success"}
     if op.answer is not None:
         ok["content"] = _json(op.answer)
+    elif op.raw_answer is not None:
+        ok["content"] = {op.raw_answer: {"schema": {"type": "string"}}}
     elif op.ok == 200:  # a stream (image pulls: NDJSON)
         ok["content"] = {"application/x-ndjson": {"schema": {"type": "string"}}}
     responses: dict[str, Any] = {str(op.ok): ok}

@@ -34,6 +34,8 @@ class Operation:
     """A non-JSON body's media type (an upload)."""
     path_schemas: dict[str, Schema] = field(default_factory=dict)
     """Path parameters with more than ``type: string`` to say."""
+    raw_answer: str | None = None
+    """A non-JSON success answer's media type (Prometheus's text format)."""
 
 
 _SANDBOX = ref("Sandbox")
@@ -138,6 +140,8 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("get", "/nodes/{nodeID}", "One node", 200, (401, 404), answer=ref("Node")),
     Operation("get", "/health", "Node health: {status} without auth; runtime probes, pools, limits with X-API-Key",
               200, (), answer=ref("Health"), public=True),
+    Operation("get", "/metrics", "Prometheus metrics, text format (no auth unless WARREN_METRICS_PUBLIC=0)", 200,
+              (401,), raw_answer="text/plain", public=True),
     Operation("get", "/openapi.json", "This document (no auth)", 200, (), answer={"type": "object"}, public=True),
 )
 

@@ -1,5 +1,5 @@
-"""Node routes: health with runtime probe details, the OpenAPI document, rootfs imports (template
-listing, builds and deletion are in ``templates.py``)."""
+"""Node routes: health with runtime probe details, Prometheus metrics, the OpenAPI document, rootfs imports
+(template listing, builds and deletion are in ``templates.py``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from starlette.routing import Route
 
 from ...errors import InvalidRequestError, NotFoundError
 from ..auth import key_matches
+from ..errors import error_response
+from ..metrics import exposition, metrics_allowed
 from ..models import parse_json_object, template_body
 from ..openapi import OPENAPI
 from ..services import services
@@ -35,6 +37,17 @@ async def health(request: Request) -> Response:
             },
         }
     )
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus's text format (``warren.api.metrics``); the key only with ``WARREN_METRICS_PUBLIC=0``."""
+    svc = services(request)
+    if not metrics_allowed(request.headers, svc.api_key, svc.settings.metrics_public):
+        return error_response(401, "the metrics need the API key (WARREN_METRICS_PUBLIC=0): send X-API-Key or "
+                                   "Authorization: Bearer")  # fmt: skip
+    if svc.metrics is None:
+        raise NotFoundError("this node keeps no metrics")
+    return exposition(svc.metrics.registry)
 
 
 async def openapi(request: Request) -> Response:
@@ -70,8 +83,10 @@ async def set_pool_size(request: Request) -> Response:
 ROUTES = [
     Route("/warren/templates/{template_id}/pool", set_pool_size, methods=["POST"]),
     Route("/health", health, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
     Route("/openapi.json", openapi, methods=["GET"]),
     Route("/warren/templates/import", import_template, methods=["POST"]),
 ]
 
-PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/health", "/metrics", "/openapi.json"})
+"""Paths the API-key middleware lets through (``/health`` and ``/metrics`` check the key themselves)."""

@@ -6,23 +6,27 @@
 * Calls on one sandbox go to the node bound to it; a node that no longer has it (a 404 to
   ``GET``/``DELETE /sandboxes/{id}``) loses the binding.
 * Lists merge every live node's (:mod:`.listing`); ``/nodes`` and ``/nodes/{id}`` read Redis only.
+* ``/metrics``: Prometheus (:mod:`.metrics`); each route's ``name`` is its class there.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ...api.errors import error_response
+from ...api.metrics import exposition, metrics_allowed
 from ...api.models import parse_json_object
-from ...errors import InvalidRequestError, NotFoundError, TooManyRequestsError, UnavailableError
+from ...errors import ConflictError, InvalidRequestError, NotFoundError, TooManyRequestsError, UnavailableError
 from ..placement import PlacementRequest, Strategy, place
 from . import builds, fanout
 from .directory import Directory
 from .listing import PARTIAL_HEADER, list_cluster
+from .metrics import GatewayMetrics, PlacementFailure
 from .moving import move, stranded_on, wakes
 from .upstream import NodeClient, passed_headers, relay
 
@@ -39,6 +43,9 @@ class Gateway:
     strategy: Strategy
     max_upload_bytes: int = 4 << 30
     """The largest template-build upload relayed to a node (a node's own default limit)."""
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    metrics_key: str | None = None
+    """The key a scrape of ``/metrics`` must send; None: anyone may scrape."""
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -54,7 +61,17 @@ async def create(request: Request) -> Response:
         raise InvalidRequestError("templateID is required")
     nodes = await gw.directory.nodes(fresh=True)
     wanted = PlacementRequest(template, built_on=await gw.directory.store.template_node(template.partition(":")[0]))
-    candidates = place(wanted, nodes, gw.strategy)
+    try:
+        candidates = place(wanted, nodes, gw.strategy)
+    except TooManyRequestsError:
+        gw.metrics.placement_failed(PlacementFailure.FULL)
+        raise
+    except ConflictError:
+        gw.metrics.placement_failed(PlacementFailure.NO_RUNTIME)
+        raise
+    except UnavailableError:
+        gw.metrics.placement_failed(PlacementFailure.NO_CANDIDATE)
+        raise
     known = any(v.info.template(wanted.template) or v.info.snapshot(template) for v in nodes)
     refusals: list[str] = []
     for view in candidates:
@@ -80,7 +97,9 @@ async def create(request: Request) -> Response:
             continue
         return relay(answer)
     if refusals and all(r.endswith(("full", "429")) for r in refusals):
+        gw.metrics.placement_failed(PlacementFailure.FULL)
         raise TooManyRequestsError(f"every node that can run {template!r} is at its sandbox cap")
+    gw.metrics.placement_failed(PlacementFailure.REFUSED)
     raise UnavailableError(f"no node took the sandbox: {'; '.join(refusals)}")
 
 
@@ -220,41 +239,55 @@ async def health(request: Request) -> Response:
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-ROUTES = [
-    Route("/health", health, methods=["GET"]),
-    Route("/sandboxes", create, methods=["POST"]),
-    Route("/v2/sandboxes", create, methods=["POST"]),
-    Route("/sandboxes", list_sandboxes, methods=["GET"]),
-    Route("/v2/sandboxes", list_sandboxes, methods=["GET"]),
-    Route("/sandboxes/metrics", batch_metrics, methods=["GET"]),  # before /sandboxes/{sandbox_id}
-    Route("/sandboxes/{sandbox_id}", on_sandbox, methods=["GET", "DELETE"]),
-    Route("/sandboxes/{sandbox_id}/{action:path}", on_sandbox, methods=["GET", "POST", "PUT"]),
-    Route("/v2/sandboxes/{sandbox_id}/{action:path}", on_sandbox, methods=["GET", "POST"]),
-    Route("/snapshots", merged, methods=["GET"]),
-    Route("/templates", merged, methods=["GET"]),
-    Route("/v2/templates", merged, methods=["GET"]),
-    Route("/snapshots/{ref}", on_holder, methods=["GET", "DELETE"]),
+async def metrics(request: Request) -> Response:
+    """Prometheus's text format; the nodes gauge read from Redis now (absent when Redis is away)."""
+    gw = gateway_of(request)
+    if not metrics_allowed(request.headers, gw.metrics_key or "", gw.metrics_key is None):
+        return error_response(401, "the metrics need the API key: send X-API-Key or Authorization: Bearer")
+    try:
+        views = await gw.directory.nodes(fresh=True)
+    except UnavailableError:
+        views = None  # counted as a Redis error by the store
+    gw.metrics.nodes_seen(views)
+    return exposition(gw.metrics.registry)
+
+
+ROUTES = [  # name: the route's class in warren_gateway_requests_total (metrics.py)
+    Route("/health", health, methods=["GET"], name="health"),
+    Route("/metrics", metrics, methods=["GET"], name="metrics"),
+    Route("/sandboxes", create, methods=["POST"], name="create"),
+    Route("/v2/sandboxes", create, methods=["POST"], name="create"),
+    Route("/sandboxes", list_sandboxes, methods=["GET"], name="list"),
+    Route("/v2/sandboxes", list_sandboxes, methods=["GET"], name="list"),
+    Route("/sandboxes/metrics", batch_metrics, methods=["GET"], name="list"),  # before /sandboxes/{sandbox_id}
+    Route("/sandboxes/{sandbox_id}", on_sandbox, methods=["GET", "DELETE"], name="sandbox"),
+    Route("/sandboxes/{sandbox_id}/{action:path}", on_sandbox, methods=["GET", "POST", "PUT"], name="sandbox"),
+    Route("/v2/sandboxes/{sandbox_id}/{action:path}", on_sandbox, methods=["GET", "POST"], name="sandbox"),
+    Route("/snapshots", merged, methods=["GET"], name="list"),
+    Route("/templates", merged, methods=["GET"], name="list"),
+    Route("/v2/templates", merged, methods=["GET"], name="list"),
+    Route("/snapshots/{ref}", on_holder, methods=["GET", "DELETE"], name="holder"),
     # Template builds and tags (builds.py): one node per build, remembered in Redis.
-    Route("/templates/tags", builds.change_tags, methods=["POST", "DELETE"]),  # before /templates/{ref}
-    Route("/templates/{template_id}/tags", builds.on_template, methods=["GET"]),
-    Route("/v3/templates", builds.request_build, methods=["POST"]),
-    Route("/templates/aliases/{alias}", builds.on_template, methods=["GET"]),
-    Route("/templates/{template_id}/files/{filesHash}", builds.files_link, methods=["GET"]),
-    Route("/warren/uploads/{template_id}/{filesHash}", builds.upload_files, methods=["PUT"]),
-    Route("/v2/templates/{template_id}/builds/{buildID}", builds.start_build, methods=["POST"]),
-    Route("/templates/{template_id}/builds/{buildID}/status", builds.on_template, methods=["GET"]),
-    Route("/templates/{ref}", builds.template_by_ref, methods=["GET", "DELETE"]),
+    Route("/templates/tags", builds.change_tags, methods=["POST", "DELETE"], name="build"),  # before /templates/{ref}
+    Route("/templates/{template_id}/tags", builds.on_template, methods=["GET"], name="build"),
+    Route("/v3/templates", builds.request_build, methods=["POST"], name="build"),
+    Route("/templates/aliases/{alias}", builds.on_template, methods=["GET"], name="build"),
+    Route("/templates/{template_id}/files/{filesHash}", builds.files_link, methods=["GET"], name="build"),
+    Route("/warren/uploads/{template_id}/{filesHash}", builds.upload_files, methods=["PUT"], name="build"),
+    Route("/v2/templates/{template_id}/builds/{buildID}", builds.start_build, methods=["POST"], name="build"),
+    Route("/templates/{template_id}/builds/{buildID}/status", builds.on_template, methods=["GET"], name="build"),
+    Route("/templates/{ref}", builds.template_by_ref, methods=["GET", "DELETE"], name="holder"),
     # Per-node operations (fanout.py): on every live node.
-    Route("/warren/templates/import", fanout.on_every_node, methods=["POST"]),
-    Route("/warren/templates/ensure", fanout.on_every_node, methods=["POST"]),
-    Route("/warren/templates/{template_id}/pool", fanout.on_template_holders, methods=["POST"]),
-    Route("/warren/images/pull", fanout.on_every_node, methods=["POST"]),
-    Route("/warren/runtimes", fanout.on_every_node, methods=["POST"]),
-    Route("/warren/runtimes/reload", fanout.on_every_node, methods=["POST"]),
-    Route("/runtimes", fanout.list_runtimes, methods=["GET"]),
-    Route("/openapi.json", fanout.openapi, methods=["GET"]),
-    Route("/nodes", list_nodes, methods=["GET"]),
-    Route("/nodes/{node_id}", get_node, methods=["GET"]),
-    Route("/nodes/{node_id}", set_node_status, methods=["POST"]),
-    Route("/{rest:path}", fanout.not_served, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+    Route("/warren/templates/import", fanout.on_every_node, methods=["POST"], name="admin"),
+    Route("/warren/templates/ensure", fanout.on_every_node, methods=["POST"], name="admin"),
+    Route("/warren/templates/{template_id}/pool", fanout.on_template_holders, methods=["POST"], name="admin"),
+    Route("/warren/images/pull", fanout.on_every_node, methods=["POST"], name="admin"),
+    Route("/warren/runtimes", fanout.on_every_node, methods=["POST"], name="admin"),
+    Route("/warren/runtimes/reload", fanout.on_every_node, methods=["POST"], name="admin"),
+    Route("/runtimes", fanout.list_runtimes, methods=["GET"], name="list"),
+    Route("/openapi.json", fanout.openapi, methods=["GET"], name="other"),
+    Route("/nodes", list_nodes, methods=["GET"], name="nodes"),
+    Route("/nodes/{node_id}", get_node, methods=["GET"], name="nodes"),
+    Route("/nodes/{node_id}", set_node_status, methods=["POST"], name="nodes"),
+    Route("/{rest:path}", fanout.not_served, methods=["GET", "POST", "PUT", "PATCH", "DELETE"], name="other"),
 ]

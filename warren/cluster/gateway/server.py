@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -22,18 +22,21 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ...api.auth import key_matches
 from ...api.errors import error_response, unhandled_error_handler, warren_error_handler
 from ...api.httpguard import guarded_http_protocol
+from ...api.proxy import target_of
 from ...errors import UnavailableError, WarrenError
 from ..placement import LeastLoaded, Strategy
 from ..records import NodeView
 from ..store import DEFAULT_PREFIX, ClusterStore
 from .dataplane import GatewayProxy
 from .directory import Directory
+from .metrics import GatewayMetrics, RequestMetrics
 from .routes import ROUTES, Gateway
 from .upstream import NodeClient
 
 log = logging.getLogger("warren.gateway")
 
-PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/health", "/metrics", "/openapi.json"})
+"""Paths the API-key middleware lets through (``/metrics`` checks the key itself unless it is public)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class GatewaySettings:
     http_max_concurrency: int = 4096
     max_upload_bytes: int = 4 << 30
     """The largest template-build upload the gateway relays (the nodes enforce their own limit too)."""
+    metrics_public: bool = True
+    """``GET /metrics`` without the API key (``WARREN_METRICS_PUBLIC``), as on the nodes."""
 
 
 class _ApiKeyAuth:
@@ -70,9 +75,29 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, exc.detail)
 
 
+def _route_class(domain: str | None) -> Callable[[Scope], str]:
+    """A request's class in the request metrics: its route's name, else sandbox traffic or ``other``."""
+
+    def classify(scope: Scope) -> str:
+        route = scope.get("route")
+        if route is not None:
+            return str(getattr(route, "name", None) or "other")
+        return "dataplane" if target_of(scope["headers"], domain, scope.get("path", "")) is not None else "other"
+
+    return classify
+
+
 def create_gateway_app(
-    settings: GatewaySettings, store: ClusterStore, client: NodeClient, strategy: Strategy | None = None
+    settings: GatewaySettings,
+    store: ClusterStore,
+    client: NodeClient,
+    strategy: Strategy | None = None,
+    *,
+    metrics: GatewayMetrics | None = None,
 ) -> tuple[ASGIApp, GatewayProxy]:
+    """The gateway's ASGI app and its data-plane proxy (which the caller closes). ``metrics``: the ones the
+    store counts its Redis errors into (``serve_gateway``); a fresh set otherwise."""
+    metrics = metrics or GatewayMetrics()
     async def probe(view: NodeView, sandbox_id: str) -> bool:
         try:
             answer = await client.call(
@@ -94,9 +119,12 @@ def create_gateway_app(
             Exception: unhandled_error_handler,
         },
     )
-    router.state.gateway = Gateway(directory, client, strategy or LeastLoaded(), settings.max_upload_bytes)
+    router.state.gateway = Gateway(
+        directory, client, strategy or LeastLoaded(), settings.max_upload_bytes, metrics=metrics,
+        metrics_key=None if settings.metrics_public else settings.api_key,
+    )  # fmt: skip
     proxy = GatewayProxy(_ApiKeyAuth(router, settings.api_key), directory, settings.domain)
-    return proxy, proxy
+    return RequestMetrics(proxy, metrics, _route_class(settings.domain)), proxy
 
 
 class _Server(uvicorn.Server):
@@ -108,9 +136,10 @@ class _Server(uvicorn.Server):
 async def serve_gateway(
     settings: GatewaySettings, *, stop: asyncio.Event, ready: asyncio.Future[Mapping[str, Any]] | None = None
 ) -> None:
-    store = ClusterStore.connect(settings.redis_url, prefix=settings.redis_prefix)
+    metrics = GatewayMetrics()
+    store = ClusterStore.connect(settings.redis_url, prefix=settings.redis_prefix, on_error=metrics.redis_errors)
     client = NodeClient()
-    app, proxy = create_gateway_app(settings, store, client)
+    app, proxy = create_gateway_app(settings, store, client, metrics=metrics)
     config = uvicorn.Config(
         app, host=settings.listen_host, port=settings.listen_port, lifespan="off", access_log=False,
         log_level="warning", timeout_graceful_shutdown=5, timeout_keep_alive=30,
