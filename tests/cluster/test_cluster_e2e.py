@@ -23,7 +23,7 @@ import pytest
 from e2b import AsyncSandbox, AsyncTemplate, Sandbox, Template
 from e2b.exceptions import NotFoundException
 
-from tests.framework.cluster import TTL_S, Cluster, Gateway, cluster_node, own_network, own_table
+from tests.framework.cluster import HEARTBEAT_S, TTL_S, Cluster, Gateway, cluster_node, own_network, own_table
 from tests.framework.node import DEFAULT_CACHE, Node
 from tests.framework.redis import RedisServer
 from tests.framework.s3 import FAKE_CREDENTIALS, S3Server
@@ -398,6 +398,7 @@ def test_a_snapshot_in_the_shared_store_starts_sandboxes_on_other_nodes(
         ).get("KeyCount"):
             assert time.monotonic() < deadline, "the snapshot was not published"
             time.sleep(0.2)
+        time.sleep(3 * HEARTBEAT_S)  # the origin's heartbeat says it is shared (placement reads that)
         with gw0.client() as c:
             assert c.post(f"/nodes/{origin}", json={"status": "draining"}).status_code == 204
         cluster.wait_nodes({origin: "draining"})
@@ -410,9 +411,8 @@ def test_a_snapshot_in_the_shared_store_starts_sandboxes_on_other_nodes(
         cluster.wait_nodes({origin: "ready"})
         time.sleep(1.5)  # the puller's heartbeat lists its copy
         assert Sandbox.delete_snapshot(info.snapshot_id, **gw1.sdk()) is True
-        assert not shared.client().list_objects_v2(
-            Bucket=shared.bucket, Prefix=f"warren/snapshots/{info.snapshot_id}/"
-        ).get("KeyCount")
+        left = shared.client().list_objects_v2(Bucket=shared.bucket, Prefix=f"warren/snapshots/{info.snapshot_id}/")
+        assert not left.get("KeyCount"), [o["Key"] for o in left.get("Contents", [])]
     finally:
         with gw0.client() as c:
             c.post(f"/nodes/{origin}", json={"status": "ready"})

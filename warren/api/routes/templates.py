@@ -171,7 +171,7 @@ async def delete_template(request: Request) -> Response:
     if await svc.templates.find(target) is None and svc.snapshots is not None:
         manifest = svc.snapshots.find(target)
         if manifest is not None:
-            await svc.snapshots.delete(manifest.snapshot_id)
+            await svc.manager.delete_snapshot(manifest.snapshot_id)
             return Response(status_code=204)
     await _builds(request).delete(target)
     return Response(status_code=204)
