@@ -106,6 +106,14 @@ def test_nodes_join_the_same_redis_under_their_kubernetes_names(rendered: list[R
     assert pod_spec(ds)["dnsPolicy"] == "ClusterFirstWithHostNet"  # so the node resolves the Redis Service
 
 
+def test_nodes_share_one_snapshot_store_from_an_optional_secret(rendered: list[Resource]) -> None:
+    by_name = {e["name"]: e for e in env_entries(container(find(rendered, "DaemonSet", "warren-node"), "node"))}
+    for name, key in (("WARREN_SHARED_STORE", "url"), ("WARREN_S3_ENDPOINT", "endpoint"),
+                      ("AWS_ACCESS_KEY_ID", "access-key-id"), ("AWS_SECRET_ACCESS_KEY", "secret-access-key")):
+        ref = by_name[name]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "warren-shared-store", "key": key, "optional": True}, name
+
+
 def test_the_overlay_keeps_the_base_daemonset_otherwise(rendered: list[Resource]) -> None:
     base = find(render(K8S / "base"), "DaemonSet", "warren-node")
     ds = find(rendered, "DaemonSet", "warren-node")
