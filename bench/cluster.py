@@ -6,13 +6,17 @@ One redis-server on loopback, nodes started with ``--cluster-redis``, one ``warr
   gateway, interleaved (same node, same sandbox for the round trips);
 * ``GET /sandboxes/{id}`` (a control-plane call: a binding lookup in Redis, then the node);
 * creates/s through the gateway at 6 concurrent clients with 1 node and with 3 nodes (on one host
-  the nodes share its CPUs: this measures the gateway's spreading, not more hardware).
+  the nodes share its CPUs: this measures the gateway's spreading, not more hardware);
+* moves (two nodes sharing a snapshot store on a directory, each with its own network): how long a
+  paused sandbox takes to be parked, and a connect through the gateway that resumes it on its own node
+  vs one that moves it to the other node (its node drained), runc and gVisor.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,17 +26,27 @@ from typing import Any
 import httpx
 
 from bench.stats import summary_ms, timed
-from tests.framework.cluster import Gateway, cluster_node
-from tests.framework.node import Node, free_port
+from tests.framework.cluster import Gateway, cluster_node, own_network, own_table
+from tests.framework.node import DEFAULT_CACHE, Node, free_port
 from tests.framework.redis import REDIS_SERVER, RedisServer
 
 
 @contextlib.contextmanager
-def _cluster(work: Path, runsc: Path | None, n_nodes: int, cap: int) -> Iterator[tuple[list[Node], Gateway]]:
+def _cluster(
+    work: Path, runsc: Path | None, n_nodes: int, cap: int, shared: Path | None = None
+) -> Iterator[tuple[list[Node], Gateway]]:
     redis = RedisServer(work / "redis", free_port())
     redis.start()
     key = "wrn_bench_" + os.urandom(8).hex()
-    nodes = [cluster_node(work / f"n{i}" / "state", f"bench-{i}", redis.url, key, runsc, cap) for i in range(n_nodes)]
+    store = {"WARREN_SHARED_STORE": str(shared)} if shared else None
+
+    def network(i: int) -> dict[str, str] | None:
+        return own_network(i) if shared else None
+
+    nodes = [
+        cluster_node(work / f"n{i}" / "state", f"bench-{i}", redis.url, key, runsc, cap, store, network(i))
+        for i in range(n_nodes)
+    ]
     gateway = Gateway(work / "gw", redis.url, key)
     started: list[Node | Gateway] = []
     try:
@@ -56,6 +70,9 @@ def _cluster(work: Path, runsc: Path | None, n_nodes: int, cap: int) -> Iterator
                     item.kill_all_sandboxes()
             item.stop()
         redis.stop()
+        if shared:
+            for i in range(n_nodes):
+                subprocess.run(["nft", "delete", "table", "inet", own_table(i)], check=False, capture_output=True)
 
 
 def _opts(url: str, key: str) -> dict[str, str]:
@@ -133,6 +150,60 @@ def _creates_per_s(work: Path, runsc: Path | None, n_nodes: int, total: int) -> 
             "creates_per_s": round(statuses.count(201) / wall, 2)}  # fmt: skip
 
 
+def _wait_parked(store: Path, sandbox_id: str, timeout: float = 120.0) -> float:
+    t0 = time.perf_counter()
+    while not (store / "paused" / sandbox_id / "manifest.json").exists():
+        if time.perf_counter() - t0 > timeout:
+            raise RuntimeError(f"{sandbox_id} was not parked in {timeout}s")
+        time.sleep(0.005)
+    return time.perf_counter() - t0
+
+
+def _connect(sandbox_id: str, opts: dict[str, str]) -> float:
+    from e2b import Sandbox
+
+    return timed(lambda: Sandbox.connect(sandbox_id, **opts))
+
+
+def _moves(work: Path, runsc: Path | None, scale: float) -> dict[str, Any]:
+    from e2b import Sandbox
+
+    store = work / "moves-store"
+    store.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {}
+    with _cluster(work / "moves", runsc, 2, 0, shared=store) as (nodes, gw):
+        for node in nodes:
+            with node.client() as c:
+                src = str(DEFAULT_CACHE / "templates" / "base" / "rootfs")
+                c.post("/warren/templates/import", json={"path": src, "name": "base-gvisor", "runtime": "gvisor"})
+        opts = _opts(gw.url, gw.api_key)
+        with nodes[0].client() as c:
+            gvisor = c.get("/health").json()["runtimes"].get("gvisor", {}).get("available")
+        for template in ["base", "base-gvisor"] if gvisor else ["base"]:
+            parked, local, moved = [], [], []
+            for _ in range(max(2, int(8 * scale))):
+                with nodes[0].client() as c:
+                    sandbox_id = c.post("/sandboxes", json={"templateID": template, "timeout": 300}).json()["sandboxID"]
+                try:
+                    box = Sandbox.connect(sandbox_id, **opts)
+                    box.files.write("/home/user/f.txt", "x")
+                    box.pause()
+                    parked.append(_wait_parked(store, sandbox_id))
+                    local.append(_connect(sandbox_id, opts))
+                    box.pause()
+                    _wait_parked(store, sandbox_id)
+                    with gw.client() as c:
+                        c.post("/nodes/bench-0", json={"status": "draining"})
+                    moved.append(_connect(sandbox_id, opts))
+                finally:
+                    with gw.client() as c:
+                        c.post("/nodes/bench-0", json={"status": "ready"})
+                        c.delete(f"/sandboxes/{sandbox_id}")
+            out[template] = {"parked_after_pause": summary_ms(parked), "resume_on_its_node": summary_ms(local),
+                             "resume_moved": summary_ms(moved)}  # fmt: skip
+    return out
+
+
 def run_cluster(work: Path, runsc: Path | None, scale: float) -> dict[str, Any]:
     if REDIS_SERVER is None:
         return {"skipped": "redis-server is not installed"}
@@ -140,4 +211,5 @@ def run_cluster(work: Path, runsc: Path | None, scale: float) -> dict[str, Any]:
     return {
         "overhead": _overhead(work, runsc, scale),
         "creates_per_s": [_creates_per_s(work, runsc, n, total) for n in (1, 3)],
+        "moves": _moves(work, runsc, scale),
     }
