@@ -174,7 +174,13 @@ def gateway(
         ),
     ] = DEFAULT_GATEWAY_STATE_DIR,
 ) -> None:
-    """Run a stateless gateway: the E2B API and data-plane proxy in front of the cluster's nodes."""
+    """Run a stateless gateway: the E2B API and data-plane proxy in front of the cluster's nodes.
+
+    Header mode by default: the SDK gets E2B_API_URL and E2B_SANDBOX_URL = the gateway.
+
+    Domain mode (--domain D): HTTPS for api.D and <port>-<id>.D, the SDK gets E2B_API_URL=https://api.D, E2B_DOMAIN=D.
+
+    The nodes stay in header mode. Gateways behind one load balancer need one certificate: --tls-cert/--tls-key."""
     if not api_key:
         raise CliError("the gateway needs the nodes' API key: --api-key or WARREN_API_KEY")
     host, port = parse_listen(listen)
