@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.framework.node import DEFAULT_CACHE, Node, free_port
+from tests.framework.node import DEFAULT_CACHE, DOMAIN_HOST, Node, free_port
 from tests.framework.redis import RedisServer
 
 HEARTBEAT_S = 0.5
@@ -28,35 +30,75 @@ class Gateway:
     api_key: str
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    domain_ca: Path | None = None
+    """Domain mode (``--domain warren.localhost:<port>``) when set: a CA directory (``ca.pem``, ``ca-key.pem``)
+    copied into the gateway's ``<state-dir>/tls``, so it signs its leaf with a CA the test process trusts."""
+    tls_cert: tuple[Path, Path] | None = None
+    """Domain mode with the operator's certificate and key (``--tls-cert``/``--tls-key``), signed by ``domain_ca``."""
+
+    @property
+    def state_dir(self) -> Path:
+        return self.workdir / "state"
+
+    @property
+    def domain(self) -> str | None:
+        return f"{DOMAIN_HOST}:{self.port}" if self.domain_ca else None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.domain_ca else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"gateway-{self.port}.log"
 
     def sdk(self) -> dict[str, str]:
-        """The E2B SDK's connection options for this gateway."""
+        """The E2B SDK's connection options for this gateway: in domain mode no ``sandbox_url``."""
+        if self.domain is not None:
+            return {"api_url": f"https://api.{self.domain}", "domain": self.domain, "api_key": self.api_key}
         return {"api_url": self.url, "sandbox_url": self.url, "api_key": self.api_key}
 
+    def verify(self) -> ssl.SSLContext | bool:
+        if self.domain_ca is None:
+            return True
+        return ssl.create_default_context(cafile=str(self.domain_ca / "ca.pem"))
+
     def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"X-API-Key": self.api_key}, timeout=120)
+        return httpx.Client(base_url=self.url, headers={"X-API-Key": self.api_key}, timeout=120, verify=self.verify())
 
     def start(self, timeout: float = 30.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "warren.cli.main", "gateway", "--redis", self.redis_url,
                 "--listen", f"127.0.0.1:{self.port}"]  # fmt: skip
+        if self.domain_ca is not None and self.domain is not None:
+            argv += ["--domain", self.domain, "--state-dir", str(self.state_dir)]
+            if self.tls_cert is not None:
+                argv += ["--tls-cert", str(self.tls_cert[0]), "--tls-key", str(self.tls_cert[1])]
+            else:
+                tls = self.state_dir / "tls"
+                tls.mkdir(parents=True, exist_ok=True, mode=0o700)
+                for name in ("ca.pem", "ca-key.pem"):
+                    if not (tls / name).exists():
+                        shutil.copy(self.domain_ca / name, tls / name)
         env = {**os.environ, "WARREN_API_KEY": self.api_key, "PYTHONUNBUFFERED": "1"}
-        log = (self.workdir / f"gateway-{self.port}.log").open("ab")
+        log = self.log_path.open("ab")
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"warren gateway exited with {self.proc.returncode}")
+                raise RuntimeError(f"warren gateway exited with {self.proc.returncode}:\n{self.log_tail()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/health", timeout=1).status_code in (200, 503):
+                if httpx.get(f"{self.url}/health", timeout=1, verify=self.verify()).status_code in (200, 503):
                     return
             time.sleep(0.05)
-        raise RuntimeError(f"warren gateway did not come up in {timeout}s")
+        raise RuntimeError(f"warren gateway did not come up in {timeout}s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except FileNotFoundError:
+            return "(no log)"
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:

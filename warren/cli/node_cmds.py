@@ -23,6 +23,7 @@ from warren.cli.config import DEFAULT_CACHE_DIR, DEFAULT_STATE_DIR
 from warren.templates import Progress, ensure_builtin_templates
 
 DEFAULT_LISTEN = "127.0.0.1:3000"
+DEFAULT_GATEWAY_STATE_DIR = Path("/var/lib/warren-gateway")
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -151,15 +152,58 @@ def gateway(
             help="GET /metrics without the API key (private: X-API-Key or Authorization: Bearer).",
         ),
     ] = True,
+    domain: Annotated[
+        str | None,
+        typer.Option(
+            "--domain",
+            envvar="WARREN_DOMAIN",
+            help="Domain mode: HTTPS, the API at https://api.<domain> and sandboxes at https://<port>-<id>.<domain> "
+            "(add :PORT when not on 443), routed to their nodes (which stay in header mode: no --domain on "
+            "nodes); the SDK then needs only E2B_API_URL and E2B_DOMAIN, and SDKs before 2.9 work too.",
+        ),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(
+            "--tls-cert",
+            envvar="WARREN_TLS_CERT",
+            help="Certificate (PEM) for <domain> and *.<domain>. The production way: gateways behind one load "
+            "balancer must all serve the same one. Default: the gateway makes a CA and one in <state-dir>/tls.",
+        ),
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option("--tls-key", envvar="WARREN_TLS_KEY", help="Private key (PEM) of --tls-cert.")
+    ] = None,
+    state_dir: Annotated[
+        Path,
+        typer.Option(
+            "--state-dir",
+            envvar="WARREN_GATEWAY_STATE_DIR",
+            help="Where a gateway in domain mode without --tls-cert keeps its CA and certificate (tls/); "
+            "gateways sharing this dir (its tls/ca.pem and ca-key.pem) share one CA.",
+        ),
+    ] = DEFAULT_GATEWAY_STATE_DIR,
 ) -> None:
-    """Run a stateless gateway: the E2B API and data-plane proxy in front of the cluster's nodes."""
+    """Run a stateless gateway: the E2B API and data-plane proxy in front of the cluster's nodes.
+
+    Header mode by default: the SDK gets E2B_API_URL and E2B_SANDBOX_URL = the gateway.
+
+    Domain mode (--domain D): HTTPS for api.D and <port>-<id>.D, the SDK gets E2B_API_URL=https://api.D, E2B_DOMAIN=D.
+
+    The nodes stay in header mode. Gateways behind one load balancer need one certificate: --tls-cert/--tls-key."""
     if not api_key:
         raise CliError("the gateway needs the nodes' API key: --api-key or WARREN_API_KEY")
     host, port = parse_listen(listen)
     run_gateway = _load("warren.cluster.gateway", "run_gateway")
     gateway_settings = _load("warren.cluster.gateway", "GatewaySettings")
-    run_gateway(gateway_settings(redis_url=redis, api_key=api_key, listen_host=host, listen_port=port,
-                                 metrics_public=metrics_public))  # fmt: skip
+    tls_config_error = _load("warren.api.tls", "TlsConfigError")
+    settings = gateway_settings(redis_url=redis, api_key=api_key, listen_host=host, listen_port=port,
+                                metrics_public=metrics_public, domain=domain or None, tls_cert=tls_cert,
+                                tls_key=tls_key, state_dir=state_dir)  # fmt: skip
+    try:
+        run_gateway(settings)
+    except tls_config_error as exc:
+        raise CliError(str(exc)) from exc
 
 
 def register(app: typer.Typer) -> None:

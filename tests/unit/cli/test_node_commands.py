@@ -142,6 +142,10 @@ def test_gateway_needs_redis_and_the_api_key(
         listen_host: str
         listen_port: int
         metrics_public: bool
+        domain: str | None
+        tls_cert: Path | None
+        tls_key: Path | None
+        state_dir: Path
 
     monkeypatch.setattr(
         node_cmds,
@@ -150,19 +154,36 @@ def test_gateway_needs_redis_and_the_api_key(
             {
                 "warren.cluster.gateway.run_gateway": ran.append,
                 "warren.cluster.gateway.GatewaySettings": _GatewaySettings,
+                "warren.api.tls.TlsConfigError": ValueError,
             }
         ),
     )
-    monkeypatch.delenv("WARREN_API_KEY", raising=False)
+    for name in ("WARREN_API_KEY", "WARREN_DOMAIN", "WARREN_TLS_CERT", "WARREN_TLS_KEY", "WARREN_GATEWAY_STATE_DIR"):
+        monkeypatch.delenv(name, raising=False)
     result = runner.invoke(app, ["gateway", "--redis", "redis://r:6379/0"])
     assert result.exit_code != 0 and "API key" in result.output
     result = runner.invoke(app, ["gateway", "--redis", "redis://r:6379/0", "--listen", ":8081", "--api-key", "k"])
     assert result.exit_code == 0, result.output
-    assert ran == [_GatewaySettings("redis://r:6379/0", "k", "0.0.0.0", 8081, True)]
+    assert ran == [
+        _GatewaySettings(
+            "redis://r:6379/0", "k", "0.0.0.0", 8081, True, None, None, None, node_cmds.DEFAULT_GATEWAY_STATE_DIR
+        )
+    ]
     monkeypatch.setenv("WARREN_METRICS_PUBLIC", "0")
     result = runner.invoke(app, ["gateway", "--redis", "redis://r:6379/0", "--api-key", "k"])
     assert result.exit_code == 0, result.output
     assert ran[-1].metrics_public is False
+    # Domain mode, as on a node: --domain, --tls-cert/--tls-key (or WARREN_DOMAIN, WARREN_TLS_*), a state dir.
+    result = runner.invoke(app, ["gateway", "--redis", "redis://r:6379/0", "--api-key", "k", "--domain", "w.test:8443",
+                                 "--tls-cert", "/c.pem", "--tls-key", "/k.pem", "--state-dir", "/gw"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (ran[-1].domain, ran[-1].tls_cert, ran[-1].tls_key) == ("w.test:8443", Path("/c.pem"), Path("/k.pem"))
+    assert ran[-1].state_dir == Path("/gw")
+    monkeypatch.setenv("WARREN_DOMAIN", "env.test")
+    monkeypatch.setenv("WARREN_GATEWAY_STATE_DIR", "/gw2")
+    result = runner.invoke(app, ["gateway", "--redis", "redis://r:6379/0", "--api-key", "k"])
+    assert result.exit_code == 0, result.output
+    assert (ran[-1].domain, ran[-1].tls_cert, ran[-1].state_dir) == ("env.test", None, Path("/gw2"))
 
 
 def test_serve_rejects_a_bad_listen_address(clean_env: Path, runner: CliRunner) -> None:

@@ -11,9 +11,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -46,11 +50,43 @@ class Gateway:
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     metrics_key: str | None = None
     """The key a scrape of ``/metrics`` must send; None: anyone may scrape."""
+    domain: str | None = None
+    """The gateway's ``--domain``: put into every sandbox answer (:func:`sandbox_answer`)."""
+    tls_ca: Path | None = None
+    """The CA the gateway made for its domain (named in ``/health``); None: none made."""
 
 
 def gateway_of(request: Request) -> Gateway:
     gw: Gateway = request.app.state.gateway
     return gw
+
+
+def _with_domain(value: Any, domain: str) -> Any:
+    """``value`` with ``domain`` in every sandbox object in it (one with ``sandboxID`` and ``domain``)."""
+    if isinstance(value, list):
+        return [_with_domain(item, domain) for item in value]
+    if isinstance(value, dict):
+        out = {k: _with_domain(v, domain) for k, v in value.items()}
+        if "sandboxID" in out and "domain" in out:
+            out["domain"] = domain
+        return out
+    return value
+
+
+def sandbox_answer(gw: Gateway, answer: httpx.Response) -> Response:
+    """A node's answer about sandboxes, back to the client: with the gateway's domain, when it has one.
+
+    The nodes behind a gateway stay in header mode and answer their own ``domain`` (the header-mode
+    placeholder); the SDK builds ``https://<port>-<id>.<domain>`` from it, so in domain mode it must name
+    the gateway's domain. Create, connect, resume, get and fork answers all come through here."""
+    if gw.domain is None or not answer.headers.get("content-type", "").startswith("application/json"):
+        return relay(answer)
+    try:
+        body = answer.json()
+    except ValueError:
+        return relay(answer)
+    rewritten = _with_domain(body, gw.domain)
+    return relay(answer) if rewritten == body else relay(answer, json.dumps(rewritten, separators=(",", ":")).encode())
 
 
 async def create(request: Request) -> Response:
@@ -88,7 +124,7 @@ async def create(request: Request) -> Response:
         if answer.status_code == 201:
             sandbox_id = str(answer.json()["sandboxID"])
             await gw.directory.store.commit(held, sandbox_id, hold_s=RESERVATION_HOLD_S)
-            return relay(answer)
+            return sandbox_answer(gw, answer)
         await gw.directory.store.release(held)
         if answer.status_code in (429, 503) or (answer.status_code == 404 and not known and view is not candidates[-1]):
             # A cap or a drain the heartbeat did not show yet; or a name no heartbeat had (a snapshot
@@ -166,7 +202,7 @@ async def on_sandbox(request: Request) -> Response:
         for item in answer.json():
             if isinstance(item, dict) and isinstance(item.get("sandbox"), dict):
                 await gw.directory.store.bind(str(item["sandbox"]["sandboxID"]), view.node_id)
-    return relay(answer)
+    return sandbox_answer(gw, answer)
 
 
 async def merged(request: Request) -> Response:
@@ -234,8 +270,12 @@ async def set_node_status(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    ok = await gateway_of(request).directory.store.ping()
-    body = {"status": "ok" if ok else "degraded", "role": "gateway", "redis": "up" if ok else "down"}
+    gw = gateway_of(request)
+    ok = await gw.directory.store.ping()
+    body: dict[str, object] = {"status": "ok" if ok else "degraded", "role": "gateway", "redis": "up" if ok else "down"}
+    body["domain"] = gw.domain
+    if gw.tls_ca is not None:
+        body["tlsCA"] = str(gw.tls_ca)
     return JSONResponse(body, status_code=200 if ok else 503)
 
 

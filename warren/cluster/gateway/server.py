@@ -7,8 +7,10 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -23,6 +25,7 @@ from ...api.auth import key_matches
 from ...api.errors import error_response, unhandled_error_handler, warren_error_handler
 from ...api.httpguard import guarded_http_protocol
 from ...api.proxy import target_of
+from ...api.tls import TlsFiles, tls_files
 from ...errors import UnavailableError, WarrenError
 from ..placement import LeastLoaded, Strategy
 from ..records import NodeView
@@ -46,6 +49,15 @@ class GatewaySettings:
     listen_host: str = "127.0.0.1"
     listen_port: int = 8080
     domain: str | None = None
+    """Domain mode: HTTPS for ``api.<domain>`` (the API) and ``<port>-<id>.<domain>`` (sandboxes, routed to
+    their nodes, which stay in header mode); sandbox answers carry ``domain: <domain>``. ``:port`` included
+    when not on 443, as on a node. None: plain HTTP, header mode (``E2B_SANDBOX_URL``)."""
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    """The operator's certificate for ``<domain>`` and ``*.<domain>`` and its key: what gateways behind one
+    load balancer must share. None with a domain: the gateway makes a CA and a leaf in ``<state_dir>/tls``."""
+    state_dir: Path = Path("/var/lib/warren-gateway")
+    """Where a gateway in domain mode without ``--tls-cert`` keeps its CA (``tls/``); nothing else is kept."""
     redis_prefix: str = DEFAULT_PREFIX
     http_header_timeout_s: float = 10.0
     http_max_concurrency: int = 4096
@@ -94,9 +106,11 @@ def create_gateway_app(
     strategy: Strategy | None = None,
     *,
     metrics: GatewayMetrics | None = None,
+    tls_ca: Path | None = None,
 ) -> tuple[ASGIApp, GatewayProxy]:
     """The gateway's ASGI app and its data-plane proxy (which the caller closes). ``metrics``: the ones the
-    store counts its Redis errors into (``serve_gateway``); a fresh set otherwise."""
+    store counts its Redis errors into (``serve_gateway``); a fresh set otherwise. ``tls_ca``: the CA the
+    gateway made for its domain, named in ``/health``."""
     metrics = metrics or GatewayMetrics()
     async def probe(view: NodeView, sandbox_id: str) -> bool:
         try:
@@ -121,10 +135,29 @@ def create_gateway_app(
     )
     router.state.gateway = Gateway(
         directory, client, strategy or LeastLoaded(), settings.max_upload_bytes, metrics=metrics,
-        metrics_key=None if settings.metrics_public else settings.api_key,
+        metrics_key=None if settings.metrics_public else settings.api_key, domain=settings.domain, tls_ca=tls_ca,
     )  # fmt: skip
     proxy = GatewayProxy(_ApiKeyAuth(router, settings.api_key), directory, settings.domain)
     return RequestMetrics(proxy, metrics, _route_class(settings.domain)), proxy
+
+
+def startup_message(domain: str | None, tls: TlsFiles | None) -> str:
+    """What a gateway says at start about how clients reach it (stderr, as a node does)."""
+    if domain is None:
+        return (
+            "warren gateway: header mode (no --domain): the E2B SDK needs E2B_API_URL and E2B_SANDBOX_URL "
+            "= this gateway; SDKs before 2.9 need domain mode"
+        )
+    text = (
+        f"warren gateway: domain mode: API at https://api.{domain}, sandboxes at https://<port>-<sandboxID>.{domain}"
+        f"; SDK: E2B_API_URL=https://api.{domain} E2B_DOMAIN={domain}"
+    )
+    if tls is not None and tls.ca is not None:
+        text += (
+            f"\nwarren gateway: clients must trust the gateway CA {tls.ca} (for the E2B SDK: SSL_CERT_FILE={tls.ca})"
+            "; gateways behind one load balancer need one certificate: give each --tls-cert/--tls-key"
+        )
+    return text
 
 
 class _Server(uvicorn.Server):
@@ -136,14 +169,19 @@ class _Server(uvicorn.Server):
 async def serve_gateway(
     settings: GatewaySettings, *, stop: asyncio.Event, ready: asyncio.Future[Mapping[str, Any]] | None = None
 ) -> None:
+    tls = await asyncio.to_thread(
+        tls_files, settings.state_dir, settings.domain, settings.tls_cert, settings.tls_key, role="gateway"
+    )
+    print(startup_message(settings.domain, tls), file=sys.stderr)
     metrics = GatewayMetrics()
     store = ClusterStore.connect(settings.redis_url, prefix=settings.redis_prefix, on_error=metrics.redis_errors)
     client = NodeClient()
-    app, proxy = create_gateway_app(settings, store, client, metrics=metrics)
+    app, proxy = create_gateway_app(settings, store, client, metrics=metrics, tls_ca=tls.ca if tls else None)
     config = uvicorn.Config(
         app, host=settings.listen_host, port=settings.listen_port, lifespan="off", access_log=False,
         log_level="warning", timeout_graceful_shutdown=5, timeout_keep_alive=30,
         http=guarded_http_protocol(settings.http_header_timeout_s, settings.http_max_concurrency),
+        ssl_certfile=str(tls.cert) if tls else None, ssl_keyfile=str(tls.key) if tls else None,
     )  # fmt: skip
     server = _Server(config)
     try:
@@ -155,7 +193,7 @@ async def serve_gateway(
                 await asyncio.sleep(0.01)
             if ready is not None and not ready.done():
                 port = next((s.getsockname()[1] for srv in server.servers for s in srv.sockets), settings.listen_port)
-                ready.set_result({"url": f"http://{settings.listen_host}:{port}"})
+                ready.set_result({"url": f"{'https' if tls else 'http'}://{settings.listen_host}:{port}"})
             stopping = group.create_task(stop.wait(), name="gateway-stop")
             await asyncio.wait([serving, stopping], return_when=asyncio.FIRST_COMPLETED)
             server.should_exit = True

@@ -93,7 +93,7 @@ def passed_headers(request: Request) -> list[tuple[str, str]]:
     return [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP]
 
 
-def relay(answer: httpx.Response) -> Response:
-    """A node's answer, back to the client."""
+def relay(answer: httpx.Response, content: bytes | None = None) -> Response:
+    """A node's answer, back to the client (with ``content`` for its body when given)."""
     headers = {k: v for k, v in answer.headers.items() if k.lower() not in _DROP}
-    return Response(answer.content, status_code=answer.status_code, headers=headers)
+    return Response(answer.content if content is None else content, status_code=answer.status_code, headers=headers)
