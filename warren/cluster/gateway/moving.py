@@ -53,13 +53,14 @@ def wakes(request: Request) -> bool:
 async def stranded_on(request: Request, directory: Directory, client: NodeClient, sandbox_id: str) -> NodeView | None:
     """The node a paused sandbox waits on when that node cannot resume it now (dead, stopped or
     draining); None when it is not paused there, or its node is ready. A live node is asked for the
-    sandbox's state (its last heartbeat may predate the pause); a dead one's last roster tells."""
+    sandbox's state; a dead one's last roster may predate the pause, so any sandbox of it is a
+    candidate (:func:`move` finds no copy of one that was running: it is lost)."""
     found = await directory.locate(sandbox_id)
     node = found.node
     if node.alive and not node.draining:
         return None
-    if not node.alive:
-        return node if found.state == "paused" else None
+    if not node.alive:  # paused, or "running" in a roster older than its pause: a parked copy tells
+        return node if found.state in ("paused", "running") else None
     try:
         answer = await client.call(node.info.url, "GET", f"/sandboxes/{sandbox_id}", headers=passed_headers(request))
     except UnavailableError:

@@ -185,11 +185,11 @@ async def on_sandbox(request: Request) -> Response:
     view = None
     if request.method == "DELETE":
         found = await gw.directory.locate(sandbox_id)
-        if not found.node.alive and found.state != "paused":
-            await gw.directory.store.unbind(sandbox_id, found.node.node_id)  # a lost sandbox: forgotten
-            return Response(status_code=204)
         if not found.node.alive:  # paused on a dead node: its copy in the shared store goes with a kill there
             view = await move(request, gw.directory, gw.client, gw.strategy.rank, sandbox_id, found.node)
+            if view is None and found.state != "paused":
+                await gw.directory.store.unbind(sandbox_id, found.node.node_id)  # a lost sandbox: forgotten
+                return Response(status_code=204)
     if wakes(request) and (source := await stranded_on(request, gw.directory, gw.client, sandbox_id)) is not None:
         view = await move(request, gw.directory, gw.client, gw.strategy.rank, sandbox_id, source)
     if view is None:
