@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,8 +25,8 @@ from typing import Any
 import httpx
 
 from bench.stats import summary_ms, timed
-from tests.framework.cluster import Gateway, cluster_node, own_network, own_table
-from tests.framework.node import DEFAULT_CACHE, Node, free_port
+from tests.framework.cluster import Gateway, cluster_node, own_network, own_table, running_cluster
+from tests.framework.node import Node, free_port
 from tests.framework.redis import REDIS_SERVER, RedisServer
 
 
@@ -48,31 +47,12 @@ def _cluster(
         for i in range(n_nodes)
     ]
     gateway = Gateway(work / "gw", redis.url, key)
-    started: list[Node | Gateway] = []
+    tables = tuple(own_table(i) for i in range(n_nodes)) if shared else ()
     try:
-        for node in nodes:
-            node.state_dir.parent.mkdir(parents=True, exist_ok=True)
-            node.start()
-            started.append(node)
-        gateway.start()
-        started.append(gateway)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with gateway.client() as c:
-                if sum(n["status"] == "ready" for n in c.get("/nodes").json()) == n_nodes:
-                    break
-            time.sleep(0.1)
-        yield nodes, gateway
+        with running_cluster(redis, nodes, [gateway], key, gvisor_template=shared is not None, tables=tables):
+            yield nodes, gateway
     finally:
-        for item in reversed(started):
-            if isinstance(item, Node):
-                with contextlib.suppress(Exception):
-                    item.kill_all_sandboxes()
-            item.stop()
         redis.stop()
-        if shared:
-            for i in range(n_nodes):
-                subprocess.run(["nft", "delete", "table", "inet", own_table(i)], check=False, capture_output=True)
 
 
 def _opts(url: str, key: str) -> dict[str, str]:
@@ -172,10 +152,6 @@ def _moves(work: Path, runsc: Path | None, scale: float) -> dict[str, Any]:
     store.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {}
     with _cluster(work / "moves", runsc, 2, 0, shared=store) as (nodes, gw):
-        for node in nodes:
-            with node.client() as c:
-                src = str(DEFAULT_CACHE / "templates" / "base" / "rootfs")
-                c.post("/warren/templates/import", json={"path": src, "name": "base-gvisor", "runtime": "gvisor"})
         opts = _opts(gw.url, gw.api_key)
         with nodes[0].client() as c:
             gvisor = c.get("/health").json()["runtimes"].get("gvisor", {}).get("available")

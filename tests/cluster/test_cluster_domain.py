@@ -15,7 +15,6 @@ so this file's own httpx clients and the older SDK's subprocess patch ``socket.g
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -31,8 +30,7 @@ import pytest
 from e2b import Sandbox
 from e2b.sandbox.commands.command_handle import PtySize
 
-from tests.framework.cluster import Cluster, Gateway, cluster_node
-from tests.framework.node import DEFAULT_CACHE, Node
+from tests.framework.cluster import Cluster, Gateway, cluster_node, need_cluster_host, running_cluster
 from tests.framework.redis import RedisServer
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -46,10 +44,7 @@ NO_DOMAIN = "no-domain.set-e2b-sandbox-url.invalid"
 def cluster(
     redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, patched_runsc: Path, node_ca: Path
 ) -> Iterator[Cluster]:
-    if os.geteuid() != 0:
-        pytest.skip("cluster tests start real sandboxes and need root")
-    if not (DEFAULT_CACHE / "templates" / "base" / "rootfs").is_dir():
-        pytest.skip(f"no built-in templates in {DEFAULT_CACHE}: run `warren setup` first")
+    need_cluster_host()
     key = "wrn_test_" + os.urandom(8).hex()
     base = tmp_path_factory.mktemp("cluster-domain")
     nodes = [cluster_node(base / i / "state", i, redis_server.url, key, patched_runsc, 4) for i in NODE_IDS]
@@ -58,24 +53,8 @@ def cluster(
         Gateway(base / "gw-cert", redis_server.url, key, domain_ca=node_ca,
                 tls_cert=(node_ca / "cert.pem", node_ca / "key.pem")),
     ]  # fmt: skip
-    started: list[Node | Gateway] = []
-    try:
-        for node in nodes:
-            node.state_dir.parent.mkdir(parents=True)
-            node.start()
-            started.append(node)
-        for gw in gateways:
-            gw.start()
-            started.append(gw)
-        c = Cluster(redis_server, nodes, gateways, key)
-        c.wait_nodes(dict.fromkeys(NODE_IDS, "ready"))
+    with running_cluster(redis_server, nodes, gateways, key) as c:
         yield c
-    finally:
-        for item in reversed(started):
-            if isinstance(item, Node):
-                with contextlib.suppress(Exception):
-                    item.kill_all_sandboxes()
-            item.stop()
 
 
 @pytest.fixture

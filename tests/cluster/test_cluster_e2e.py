@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import time
 import uuid
 from collections import Counter
@@ -23,8 +22,18 @@ import pytest
 from e2b import AsyncSandbox, AsyncTemplate, Sandbox, Template
 from e2b.exceptions import NotFoundException
 
-from tests.framework.cluster import HEARTBEAT_S, TTL_S, Cluster, Gateway, cluster_node, own_network, own_table
-from tests.framework.node import DEFAULT_CACHE, Node
+from tests.framework.cluster import (
+    HEARTBEAT_S,
+    TTL_S,
+    Cluster,
+    Gateway,
+    cluster_node,
+    need_cluster_host,
+    own_network,
+    own_table,
+    running_cluster,
+)
+from tests.framework.node import DEFAULT_CACHE
 from tests.framework.redis import RedisServer
 from tests.framework.s3 import FAKE_CREDENTIALS, S3Server
 
@@ -75,10 +84,7 @@ def shared(s3_server: S3Server) -> SharedStoreEnv:
 def cluster(
     redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, patched_runsc: Path, shared: SharedStoreEnv
 ) -> Iterator[Cluster]:
-    if os.geteuid() != 0:
-        pytest.skip("cluster tests start real sandboxes and need root")
-    if not (DEFAULT_CACHE / "templates" / "base" / "rootfs").is_dir():
-        pytest.skip(f"no built-in templates in {DEFAULT_CACHE}: run `warren setup` first")
+    need_cluster_host()
     key = "wrn_test_" + os.urandom(8).hex()
     base = tmp_path_factory.mktemp("cluster")
     nodes = [
@@ -86,30 +92,9 @@ def cluster(
         for n, i in enumerate(NODE_IDS)
     ]
     gateways = [Gateway(base / f"gw{i}", redis_server.url, key) for i in range(2)]
-    started: list[Node | Gateway] = []
-    try:
-        for node in nodes:
-            node.state_dir.parent.mkdir(parents=True)
-            node.start()
-            started.append(node)
-            with node.client() as c:
-                src = str(DEFAULT_CACHE / "templates" / "base" / "rootfs")
-                r = c.post("/warren/templates/import", json={"path": src, "name": "base-gvisor", "runtime": "gvisor"})
-                assert r.status_code == 201, r.text
-        for gw in gateways:
-            gw.start()
-            started.append(gw)
-        c = Cluster(redis_server, nodes, gateways, key)
-        c.wait_nodes(dict.fromkeys(NODE_IDS, "ready"))
+    tables = tuple(own_table(n) for n in range(len(NODE_IDS)))
+    with running_cluster(redis_server, nodes, gateways, key, gvisor_template=True, tables=tables) as c:
         yield c
-    finally:
-        for item in reversed(started):
-            if isinstance(item, Node):
-                with contextlib.suppress(Exception):
-                    item.kill_all_sandboxes()
-            item.stop()
-        for n in range(len(NODE_IDS)):
-            subprocess.run(["nft", "delete", "table", "inet", own_table(n)], check=False, capture_output=True)
 
 
 @pytest.fixture(params=["runc", "gvisor"])

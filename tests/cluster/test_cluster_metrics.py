@@ -4,7 +4,6 @@ Redis is down. Its own module: it stops Redis, which the big cluster's tests mus
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -15,8 +14,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.framework.cluster import Cluster, Gateway, cluster_node
-from tests.framework.node import DEFAULT_CACHE, Node
+from tests.framework.cluster import Cluster, Gateway, cluster_node, need_cluster_host, running_cluster
+from tests.framework.node import Node
 from tests.framework.redis import RedisServer
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -56,28 +55,13 @@ class Small:
 
 @pytest.fixture(scope="module")
 def small(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, patched_runsc: Path) -> Iterator[Small]:
-    if os.geteuid() != 0:
-        pytest.skip("cluster tests start real sandboxes and need root")
-    if not (DEFAULT_CACHE / "templates" / "base" / "rootfs").is_dir():
-        pytest.skip(f"no built-in templates in {DEFAULT_CACHE}: run `warren setup` first")
+    need_cluster_host()
     key = "wrn_test_" + os.urandom(8).hex()
     base = tmp_path_factory.mktemp("metrics-cluster")
     node = cluster_node(base / "m1" / "state", "m1", redis_server.url, key, patched_runsc, 1)
     gateway = Gateway(base / "gw", redis_server.url, key)
-    node.state_dir.parent.mkdir(parents=True)
-    node.start()
-    try:
-        gateway.start()
-        try:
-            cluster = Cluster(redis_server, [node], [gateway], key)
-            cluster.wait_nodes({"m1": "ready"})
-            yield Small(cluster, node, gateway)
-        finally:
-            gateway.stop()
-    finally:
-        with contextlib.suppress(Exception):
-            node.kill_all_sandboxes()
-        node.stop()
+    with running_cluster(redis_server, [node], [gateway], key) as cluster:
+        yield Small(cluster, node, gateway)
 
 
 def test_the_gateway_counts_creates_placement_failures_and_nodes(small: Small) -> None:

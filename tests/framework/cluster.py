@@ -11,6 +11,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,3 +167,53 @@ def cluster_node(state_dir: Path, node_id: str, redis_url: str, api_key: str, ru
     }
     return Node(state_dir=state_dir, port=free_port(), api_key=api_key, runsc=runsc, cache_dir=DEFAULT_CACHE,
                 extra_env=env)  # fmt: skip
+
+
+def need_cluster_host() -> None:
+    """Skip unless this process can start real sandboxes (root, built-in templates)."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("cluster tests start real sandboxes and need root")
+    if not (DEFAULT_CACHE / "templates" / "base" / "rootfs").is_dir():
+        pytest.skip(f"no built-in templates in {DEFAULT_CACHE}: run `warren setup` first")
+
+
+def import_base_gvisor(node: Node) -> None:
+    """The ``base-gvisor`` template on ``node`` (the built-in rootfs imported under gVisor)."""
+    with node.client() as c:
+        src = str(DEFAULT_CACHE / "templates" / "base" / "rootfs")
+        r = c.post("/warren/templates/import", json={"path": src, "name": "base-gvisor", "runtime": "gvisor"})
+        assert r.status_code == 201, r.text
+
+
+@contextlib.contextmanager
+def running_cluster(
+    redis: RedisServer, nodes: list[Node], gateways: list[Gateway], api_key: str, *, gvisor_template: bool = False,
+    tables: tuple[str, ...] = (),
+) -> Iterator[Cluster]:
+    """Start the nodes (with ``base-gvisor`` when asked), then the gateways, and wait until every node is
+    ready; at the end stop them in reverse (each node's sandboxes killed first) and delete the nodes'
+    own nft ``tables`` (:func:`own_network`)."""
+    started: list[Node | Gateway] = []
+    try:
+        for node in nodes:
+            node.state_dir.parent.mkdir(parents=True, exist_ok=True)
+            node.start()
+            started.append(node)
+            if gvisor_template:
+                import_base_gvisor(node)
+        for gw in gateways:
+            gw.start()
+            started.append(gw)
+        cluster = Cluster(redis, nodes, gateways, api_key)
+        cluster.wait_nodes({n.extra_env["WARREN_NODE_ID"]: "ready" for n in nodes})
+        yield cluster
+    finally:
+        for item in reversed(started):
+            if isinstance(item, Node):
+                with contextlib.suppress(Exception):
+                    item.kill_all_sandboxes()
+            item.stop()
+        for table in tables:
+            subprocess.run(["nft", "delete", "table", "inet", table], check=False, capture_output=True)
