@@ -68,7 +68,8 @@ class Settings:
     build_step_timeout_s: float = 3600.0
     """A RUN step still running after this long is killed and fails its build."""
     start_ready_timeout_s: float = 30.0
-    """How long sandbox creation waits for a template's ready command to succeed."""
+    """How long sandbox creation (or a warm-pool spare's start) waits for a template's ready command to
+    succeed (``WARREN_START_READY_TIMEOUT_S``)."""
     max_sandboxes: int = 100
     """Sandboxes holding CPU and memory at once (creating, running, pausing, resuming; 0: no cap).
     Paused sandboxes do not count, as in E2B; resuming one takes a slot again. Over it, create,
@@ -170,6 +171,7 @@ _ENV: dict[str, tuple[str, Callable[[str], object]]] = {
     "WARREN_MAX_SANDBOXES": ("max_sandboxes", int),
     "WARREN_PULL_CONCURRENCY": ("pull_concurrency", int),
     "WARREN_BUILD_CONCURRENCY": ("build_concurrency", int),
+    "WARREN_START_READY_TIMEOUT_S": ("start_ready_timeout_s", float),
     "WARREN_MAX_LAYER_BYTES": ("max_layer_bytes", int),
     "WARREN_MAX_LAYER_UNPACKED_BYTES": ("max_layer_unpacked_bytes", int),
     "WARREN_MAX_UPLOAD_BYTES": ("max_upload_bytes", int),

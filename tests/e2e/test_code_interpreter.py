@@ -223,6 +223,49 @@ def test_first_use_on_a_fresh_node_with_the_sdk_default_template(
         assert f"{recipe.NAME}: importing the layer" in log
 
 
+KERNEL_AGE = (
+    "import os\n"
+    "ticks = int(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19])\n"
+    "float(open('/proc/uptime').read().split()[0]) - ticks / os.sysconf('SC_CLK_TCK')"
+)
+"""How long ago the kernel process started, in seconds (runc shares the host's clock and uptime)."""
+
+
+def test_runc_warm_pool_spares_have_the_kernel_running(
+    ci_built: str, tmp_path_factory: pytest.TempPathFactory, patched_runsc: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runc node with a warm pool: a spare of ``code-interpreter-v1`` runs its start command (the server
+    and its default kernel) before any create, so a claim's first ``run_code`` finds the kernel up; the
+    sandbox's env vars still reach the code, through the server, not the kernel's start."""
+    state = tmp_path_factory.mktemp("pooled") / "state"
+    with running_node(state, runsc=patched_runsc, extra_env={"WARREN_WARM_POOL": "1"}) as pooled:
+        for k, v in pooled.env().items():
+            monkeypatch.setenv(k, v)
+        _ensure(pooled, recipe.NAME)
+        Sandbox.create(timeout=60).kill()  # the template's first create: a miss, and its shelf starts filling
+        deadline = time.monotonic() + 120
+        while _shelf(pooled)["ready"] < 1:
+            assert time.monotonic() < deadline, f"no spare: {_shelf(pooled)}"
+            time.sleep(0.2)
+        asked = time.monotonic()
+        box = Sandbox.create(timeout=120, envs={"SANDBOX_VAR": "from-create"})
+        try:
+            age = float(box.run_code(KERNEL_AGE).text or "0")
+            assert age > time.monotonic() - asked  # the kernel was up before the create was asked for
+            assert _shelf(pooled)["hits"] == 1
+            assert box.run_code("import os; os.environ.get('SANDBOX_VAR')").text == "from-create"
+            # The kernel process itself started with the template's env only (os.environ is the server's push).
+            assert box.run_code("b'SANDBOX_VAR=' in open('/proc/self/environ', 'rb').read()").text == "False"
+        finally:
+            box.kill()
+
+
+def _shelf(node: Node) -> dict[str, int]:
+    with node.client() as c:
+        pool: dict[str, dict[str, int]] = c.get("/health").json()["warmPool"]
+    return next((v for k, v in pool.items() if k.endswith("/runc")), {"ready": 0, "hits": 0})
+
+
 def test_unknown_language_is_a_clear_error(ci: Sandbox) -> None:
     from e2b import SandboxException
 

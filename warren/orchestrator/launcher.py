@@ -17,7 +17,7 @@ from ..config import Settings
 from ..errors import InvalidRequestError, NotFoundError, RuntimeFailure
 from ..ids import new_sandbox_id
 from ..names import DEFAULT_TAG, split_reference
-from ..runtime.base import Resources, RuntimeKind, SandboxSpec
+from ..runtime.base import Resources, RuntimeKind, SandboxHandle, SandboxSpec
 from ..runtime.oci.layout import SandboxPaths
 from ..runtime.registry import StagedRuntime
 from ..snapshots import SnapshotManifest, SnapshotRepository
@@ -105,6 +105,9 @@ class Launcher:
         self._clock = clock
         self.logs = SandboxLogs(clock)
         """The start commands' output (:mod:`warren.orchestrator.sandboxlogs`)."""
+        self._spare_ids: set[str] = set()
+        """Warm-pool sandboxes from their start until the table holds them (claimed) or they are stopped:
+        their start command's output is kept under their id, which a claim makes the user's."""
         self.pool = WarmPool(self._pool_start, self._pool_stop, default_size=settings.warm_pool_size,
                              room=capacity.pool_room)  # fmt: skip
         capacity.attach_pool(self.pool)
@@ -202,9 +205,7 @@ class Launcher:
             phases.qualify(f"{kind.value}-{'pool' if pooled else 'snapshot' if source else 'cold'}")
             if pooled is not None:
                 try:
-                    if launch.origin.start_cmd is None:
-                        return await self._claim(launch, pooled)
-                    return await self._start(launch, kind, pooled)
+                    return await self._from_pool(launch, kind, pooled)
                 except RuntimeFailure:
                     log.warning("warm-pool sandbox %s was not usable; starting a fresh one", pooled.sandbox_id)
             await self._capacity.make_room()
@@ -240,10 +241,20 @@ class Launcher:
             ingress=_ingress(launch.public_traffic),
         )
 
+    async def _from_pool(self, launch: Launch, kind: RuntimeKind, pooled: Pooled) -> SandboxRecord:
+        """A spare becomes the user's sandbox: claimed as it is, or (gVisor, a start command) started from."""
+        try:
+            if _started_in_pool(launch.origin, kind):
+                return await self._claim(launch, pooled)
+            return await self._start(launch, kind, pooled)
+        finally:
+            self._spare_ids.discard(pooled.sandbox_id)  # the table holds it now, or it is gone
+
     async def _claim(self, launch: Launch, pooled: Pooled) -> SandboxRecord:
-        """A warm-pool sandbox becomes the user's: already /init'ed, so its record is saved once, as
-        running. Only a create that adds env vars or wants no token sends one more /init (rotating
-        the pool's token). ``RuntimeFailure`` when the spare does not answer (the caller starts afresh)."""
+        """A warm-pool sandbox becomes the user's: already /init'ed and its start command ready, so its
+        record is saved once, as running. Only a create that adds env vars or wants no token sends one
+        more /init (rotating the pool's token; the start command keeps the template's env, as in E2B).
+        ``RuntimeFailure`` when the spare does not answer (the caller starts afresh)."""
         handle = pooled.handle
         token = pooled.access_token if launch.secure else None
         record = dataclasses.replace(
@@ -302,47 +313,80 @@ class Launcher:
         if sandbox.record.egress.rules:
             runtime = self._runtimes.of(sandbox.kind)
             await install_egress_ca(handle.address, handle.agent_port, sandbox.record.access_token, runtime.egress_ca())
-        # The start command's output is followed on runc only: a gVisor checkpoint (pause, snapshot,
-        # the template's seal) panics in runsc while the node holds that stream open.
-        followed = sandbox.kind is RuntimeKind.RUNC and bool(origin.start_cmd) and source is None
-        if followed:
-            self.logs.prune(self._table.known_ids())
-        await run_start_command(origin, handle, sandbox.record.access_token, fresh=source is None,
-                                settings=self._settings, logs=self.logs if followed else None,
-                                sandbox_id=sandbox.id)  # fmt: skip
+        if source is None:  # a snapshot's processes run already
+            await self._run_start_command(origin, sandbox.kind, handle, sandbox.record.access_token, sandbox.id)
         await sandbox.set_state(SandboxState.RUNNING)
         self._table.exits.watch(sandbox.id, handle.init_pid)
+
+    async def _run_start_command(
+        self, origin: Origin, kind: RuntimeKind, handle: SandboxHandle, token: str | None, sandbox_id: str
+    ) -> None:
+        """The template's start command, awaited through its ready command (a no-op without one).
+
+        Its output is followed into :attr:`logs` on runc only: a gVisor checkpoint (pause, snapshot, the
+        template's seal) panics in runsc while the node holds that stream open."""
+        followed = kind is RuntimeKind.RUNC and bool(origin.start_cmd)
+        if followed:  # lines of sandboxes gone since are dropped; spares' are kept for their claim
+            self.logs.prune(self._table.known_ids() | self._spare_ids)
+        await run_start_command(origin, handle, token, settings=self._settings,
+                                logs=self.logs if followed else None, sandbox_id=sandbox_id)  # fmt: skip
 
     # ----- the warm pool's sandboxes ---------------------------------------------------------------
 
     async def _pool_start(self, origin: Origin, kind: RuntimeKind) -> Pooled:
-        """A sandbox for the warm pool: started and answering, not /init'ed, not in the store."""
+        """A sandbox for the warm pool, not in the store: started, /init'ed with its template's env (a
+        token of its own), and on runc its start command run through its ready command. Whatever fails
+        on the way stops it (``RuntimeFailure`` for the pool to count)."""
         staged = await self._runtimes.stage(None, kind)
         sandbox_id = new_sandbox_id()
-        spec = SandboxSpec(
-            sandbox_id=sandbox_id,
-            runtime=kind,
-            layers=tuple(Path(p) for p in origin.layers),
-            resources=Resources(cpu_count=origin.cpu_count, memory_mb=origin.memory_mb, disk_mb=origin.disk_mb),
-            runtime_binary=staged.binary if staged else None,
-        )
         runtime = self._runtimes.available(kind)
-        handle = await runtime.start(spec)
-        token = secrets.token_urlsafe(24)
+        handle = await runtime.start(_spare_spec(origin, kind, sandbox_id, staged))
+        self._spare_ids.add(sandbox_id)
         try:
-            await wait_healthy(handle.address, handle.agent_port, time.monotonic() + AGENT_START_DEADLINE_S[kind])
-            await init_agent(
-                handle.address,
-                handle.agent_port,
-                env_vars=origin.env,
-                access_token=token,
-                default_user=origin.user or DEFAULT_USER,
-                default_workdir=origin.workdir,
-            )
+            token = await self._ready_spare(origin, kind, handle)
         except BaseException:
+            self._spare_ids.discard(sandbox_id)
             await asyncio.shield(runtime.stop(sandbox_id))
             raise
         return Pooled(sandbox_id, kind, handle, staged, token)
 
+    async def _ready_spare(self, origin: Origin, kind: RuntimeKind, handle: SandboxHandle) -> str:
+        """/init a started spare with its template's env only and a new token, then (runc) run its start
+        command, as E2B's snapshot taken after it; the token. A gVisor spare's start command runs at its
+        claim: gVisor templates with one are sealed as memory snapshots and never pooled, but for a
+        template whose seal failed or is still being made."""
+        token = secrets.token_urlsafe(24)
+        await wait_healthy(handle.address, handle.agent_port, time.monotonic() + AGENT_START_DEADLINE_S[kind])
+        await init_agent(
+            handle.address,
+            handle.agent_port,
+            env_vars=origin.env,
+            access_token=token,
+            default_user=origin.user or DEFAULT_USER,
+            default_workdir=origin.workdir,
+        )
+        if kind is RuntimeKind.RUNC:
+            await self._run_start_command(origin, kind, handle, token, handle.sandbox_id)
+        return token
+
     async def _pool_stop(self, pooled: Pooled) -> None:
-        await self._runtimes.of(pooled.kind).stop(pooled.sandbox_id)
+        try:
+            await self._runtimes.of(pooled.kind).stop(pooled.sandbox_id)
+        finally:
+            self._spare_ids.discard(pooled.sandbox_id)
+
+
+def _started_in_pool(origin: Origin, kind: RuntimeKind) -> bool:
+    """Whether a spare of ``origin`` is ready as it sits on its shelf: its template has no start command,
+    or the pool ran it (runc: :meth:`Launcher._ready_spare`)."""
+    return not origin.start_cmd or kind is RuntimeKind.RUNC
+
+
+def _spare_spec(origin: Origin, kind: RuntimeKind, sandbox_id: str, staged: StagedRuntime | None) -> SandboxSpec:
+    return SandboxSpec(
+        sandbox_id=sandbox_id,
+        runtime=kind,
+        layers=tuple(Path(p) for p in origin.layers),
+        resources=Resources(cpu_count=origin.cpu_count, memory_mb=origin.memory_mb, disk_mb=origin.disk_mb),
+        runtime_binary=staged.binary if staged else None,
+    )

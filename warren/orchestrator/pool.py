@@ -4,7 +4,13 @@ A template joins the pool on its first create (no memory is spent on templates n
 Pool sandboxes are never in the store: a node that dies leaves them to the orphan reaper. Each is
 /init'ed when it is started, with its template's env, user and workdir and a token of its own, so a
 claim that adds no env vars takes it as it is (one record save); any other claim sends one more
-``/init`` that presents that token and replaces it.
+``/init`` that presents that token and replaces it. On runc a spare also runs its template's start
+command through its ready command before it is shelved (the launcher's starter does that).
+
+Refills: each shelf refills in a task of its own, one spare at a time, and at most ``MAX_STARTING``
+spares start at once on the node; a start can take seconds (a start command, its ready command), so a
+slow or failing shelf holds back only itself. A failed start makes its shelf wait ``RETRY_AFTER_S``;
+after ``MAX_FAILURES`` in a row the shelf stops refilling.
 
 Node cap (``max_sandboxes``): the pool refills only while ``room()`` says a slot is free, counting its
 spares (ready and starting) with the users' sandboxes; a create that finds no spare of its own
@@ -47,10 +53,17 @@ class _Shelf:
     hits: int = 0
     misses: int = 0
     failures: int = 0
+    refilling: bool = False
+    """A start (or the wait after a failed one) is under way: a shelf refills one spare at a time."""
 
 
 MAX_FAILURES = 3
 """Consecutive start failures after which a template's shelf stops refilling (a broken template)."""
+MAX_STARTING = 2
+"""Spares starting at once, node-wide: shelves refill side by side, and no more starts than this compete
+with the users' creates for the host."""
+RETRY_AFTER_S = 1.0
+"""How long a shelf whose start failed waits before its next start (the other shelves do not wait)."""
 
 Starter = Callable[[Origin, RuntimeKind], Awaitable[Pooled]]
 Stopper = Callable[[Pooled], Awaitable[None]]
@@ -132,40 +145,64 @@ class WarmPool:
         }
 
     async def run(self) -> None:
-        """Refill shelves one sandbox at a time, for the node's lifetime; trims shelves over target."""
+        """Refill shelves for the node's lifetime, each in a task of this one's; trims shelves over target.
+        Cancelled: the starts under way are cancelled (their starter stops what it made), then every
+        spare is stopped."""
         try:
-            while True:
-                self._wake.clear()
-                for shelf in list(self._shelves.values()):
-                    while len(shelf.ready) > shelf.target:
-                        await self._stop_quietly(shelf.ready.pop())  # tracked: a cancelled stop is redone
-                    if len(shelf.ready) < shelf.target and not self._closed and self._room():
-                        self._starting += 1
-                        counted = True
-                        try:
-                            pooled = await self._start(shelf.origin, shelf.kind)
-                            self._starting -= 1
-                            counted = False
-                            if self._room():
-                                shelf.ready.append(pooled)
-                            else:  # a create took this slot while the spare was starting
-                                await self._stop_quietly(pooled)
-                            shelf.failures = 0
-                        except WarrenError as exc:
-                            shelf.failures += 1
-                            log.warning("warm pool for %s: start failed: %s", shelf.origin.template_id, exc)
-                            if shelf.failures >= MAX_FAILURES:
-                                log.error("warm pool for %s: giving up after %d failures", shelf.origin.template_id,
-                                          shelf.failures)  # fmt: skip
-                                shelf.target = 0
-                            await asyncio.sleep(1.0)
-                        finally:
-                            if counted:
-                                self._starting -= 1
-                        self._wake.set()
-                await self._wake.wait()
+            async with asyncio.TaskGroup() as refills:
+                while True:
+                    self._wake.clear()
+                    await self._trim()
+                    self._refill_some(refills)
+                    await self._wake.wait()
         finally:
             await asyncio.shield(self.drain())
+
+    async def _trim(self) -> None:
+        for shelf in list(self._shelves.values()):
+            while len(shelf.ready) > shelf.target:
+                await self._stop_quietly(shelf.ready.pop())  # tracked: a cancelled stop is redone
+
+    def _refill_some(self, refills: asyncio.TaskGroup) -> None:
+        """Start a refill for each shelf short of its target, while starts and the node's slots allow."""
+        for shelf in list(self._shelves.values()):
+            if self._starting >= MAX_STARTING:
+                return
+            short = not shelf.refilling and len(shelf.ready) < shelf.target
+            if short and not self._closed and self._room():
+                shelf.refilling = True
+                self._starting += 1  # counted before the start: room() sees it at once
+                refills.create_task(self._refill(shelf), name=f"warm-pool {shelf.origin.template_id}")
+
+    async def _refill(self, shelf: _Shelf) -> None:
+        """One spare for ``shelf``; after a failure the shelf waits, and gives up after ``MAX_FAILURES``."""
+        try:
+            try:
+                pooled = await self._start(shelf.origin, shelf.kind)
+            finally:
+                self._starting -= 1
+        except WarrenError as exc:
+            self._failed(shelf, exc)
+            await asyncio.sleep(RETRY_AFTER_S)
+        else:
+            shelf.failures = 0
+            await self._shelve(shelf, pooled)
+        finally:
+            shelf.refilling = False
+            self._wake.set()
+
+    async def _shelve(self, shelf: _Shelf, pooled: Pooled) -> None:
+        if self._room():
+            shelf.ready.append(pooled)
+        else:  # a create took this slot while the spare was starting
+            await self._stop_quietly(pooled)
+
+    def _failed(self, shelf: _Shelf, exc: WarrenError) -> None:
+        shelf.failures += 1
+        log.warning("warm pool for %s: start failed: %s", shelf.origin.template_id, exc)
+        if shelf.failures >= MAX_FAILURES:
+            log.error("warm pool for %s: giving up after %d failures", shelf.origin.template_id, shelf.failures)
+            shelf.target = 0
 
     async def drain(self) -> None:
         """Stop every ready sandbox and finish interrupted stops (node shutdown). Idempotent."""

@@ -3,6 +3,9 @@
 E2B runs a template's start command at build time and snapshots the running process; warren starts
 it in every new sandbox instead, right after ``/init``: as the template's user, in its workdir and
 with its env (the agent's defaults from ``/init``), as a background process that outlives the call.
+A runc warm-pool spare runs it when the spare starts, before any create, with the template's env only
+(the claiming create's env vars reach the commands the user runs, not this one), as in E2B; gVisor
+templates with one are sealed as a memory snapshot taken after it passed its ready command.
 When the template has a ready command, creation then polls it (every ``POLL_S``) until it exits 0;
 if it does not within the timeout, creation fails with the ready command's last output. Without a
 ready command creation returns as soon as the start command runs. Sandboxes made from snapshots

@@ -5,10 +5,15 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from tests.framework.fakes import FakeAgent, FakeRuntime
 from warren.config import Settings
+from warren.errors import RuntimeFailure
 from warren.orchestrator import CreateRequest, SandboxManager
-from warren.runtime.base import RuntimeKind
+from warren.orchestrator.origin import Origin
+from warren.orchestrator.pool import MAX_FAILURES, MAX_STARTING, Pooled, WarmPool
+from warren.runtime.base import RuntimeKind, SandboxHandle
 from warren.store import Database, SandboxRecord, SandboxRepo, TemplateRecord, TemplateRepo
 
 
@@ -90,3 +95,122 @@ async def test_a_claim_without_env_vars_is_one_record_save_and_no_init(tmp_path:
         task.cancel()
     await agent.close()
     db.close()
+
+
+# ----- refills with slow or failing starts (start commands): one shelf never holds up another -------
+
+
+def _origin(template_id: str) -> Origin:
+    return Origin(template_id, template_id, "runc", ("/l",), {}, None, None, 1, 256, 1)
+
+
+class _Starts:
+    """A pool's start and stop: a template's starts wait on its gate (if it has one) and then fail (if it is
+    broken); counts the starts under way at once."""
+
+    def __init__(self) -> None:
+        self.gates: dict[str, asyncio.Event] = {}
+        self.broken: set[str] = set()
+        self.attempts: dict[str, int] = {}
+        self.running = 0
+        self.most = 0
+        self.stopped: list[str] = []
+
+    async def start(self, origin: Origin, kind: RuntimeKind) -> Pooled:
+        tid = origin.template_id
+        self.attempts[tid] = self.attempts.get(tid, 0) + 1
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            if tid in self.gates:
+                await self.gates[tid].wait()
+            if tid in self.broken:
+                raise RuntimeFailure(f"{tid}: the template's ready command did not succeed")
+            sandbox_id = f"{tid}-{self.attempts[tid]}"
+            return Pooled(sandbox_id, kind, SandboxHandle(sandbox_id, kind, "127.0.0.1"), None, "token")
+        finally:
+            self.running -= 1
+
+    async def stop(self, pooled: Pooled) -> None:
+        self.stopped.append(pooled.sandbox_id)
+
+
+def _ready(pool: WarmPool, template_id: str) -> int:
+    return pool.stats()[f"{template_id}/runc"]["ready"]
+
+
+@pytest.mark.looptime
+async def test_a_slow_start_holds_up_only_its_own_shelf() -> None:
+    starts = _Starts()
+    starts.gates["slow"] = asyncio.Event()
+    pool = WarmPool(starts.start, starts.stop, default_size=2)
+    async with asyncio.TaskGroup() as group:
+        task = group.create_task(pool.run())
+        assert pool.claim(_origin("slow"), RuntimeKind.RUNC) is None
+        assert pool.claim(_origin("fast"), RuntimeKind.RUNC) is None
+        await asyncio.sleep(1)
+        assert (_ready(pool, "slow"), _ready(pool, "fast")) == (0, 2)
+        assert starts.attempts["slow"] == 1  # one start at a time per shelf
+        assert pool.claim(_origin("fast"), RuntimeKind.RUNC) is not None
+        await asyncio.sleep(1)
+        assert _ready(pool, "fast") == 2
+        starts.gates["slow"].set()
+        await asyncio.sleep(1)
+        assert _ready(pool, "slow") == 2
+        task.cancel()
+    assert sorted(starts.stopped) == ["fast-2", "fast-3", "slow-1", "slow-2"]
+
+
+@pytest.mark.looptime
+async def test_a_failing_shelf_backs_off_alone_and_gives_up() -> None:
+    starts = _Starts()
+    starts.broken.add("broken")
+    pool = WarmPool(starts.start, starts.stop, default_size=2)
+    async with asyncio.TaskGroup() as group:
+        task = group.create_task(pool.run())
+        pool.claim(_origin("broken"), RuntimeKind.RUNC)
+        pool.claim(_origin("fine"), RuntimeKind.RUNC)
+        await asyncio.sleep(0.5)
+        assert _ready(pool, "fine") == 2  # not behind the broken shelf's back-off
+        assert starts.attempts["broken"] == 1
+        await asyncio.sleep(30)
+        assert starts.attempts["broken"] == MAX_FAILURES
+        assert pool.stats()["broken/runc"]["target"] == 0 and pool.spares() == 2
+        task.cancel()
+    assert sorted(starts.stopped) == ["fine-1", "fine-2"]
+
+
+@pytest.mark.looptime
+async def test_starts_at_once_are_bounded_node_wide() -> None:
+    starts = _Starts()
+    names = [f"t{i}" for i in range(5)]
+    for name in names:
+        starts.gates[name] = asyncio.Event()
+    pool = WarmPool(starts.start, starts.stop, default_size=1)
+    async with asyncio.TaskGroup() as group:
+        task = group.create_task(pool.run())
+        for name in names:
+            pool.claim(_origin(name), RuntimeKind.RUNC)
+        await asyncio.sleep(1)
+        assert starts.running == MAX_STARTING and pool.spares() == MAX_STARTING
+        for name in names:
+            starts.gates[name].set()
+        await asyncio.sleep(1)
+        assert [_ready(pool, name) for name in names] == [1] * len(names)
+        assert starts.most == MAX_STARTING
+        task.cancel()
+
+
+@pytest.mark.looptime
+async def test_a_start_under_way_is_cancelled_with_the_pool() -> None:
+    starts = _Starts()
+    starts.gates["slow"] = asyncio.Event()
+    pool = WarmPool(starts.start, starts.stop, default_size=1)
+    task = asyncio.create_task(pool.run())
+    pool.claim(_origin("slow"), RuntimeKind.RUNC)
+    await asyncio.sleep(1)
+    assert starts.running == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert starts.running == 0 and pool.spares() == 0
