@@ -130,6 +130,9 @@ def _creates_per_s(work: Path, runsc: Path | None, n_nodes: int, total: int) -> 
             "creates_per_s": round(statuses.count(201) / wall, 2)}  # fmt: skip
 
 
+_GATEWAY_VIEW_S = 0.6
+
+
 def _wait_parked(store: Path, sandbox_id: str, timeout: float = 120.0) -> float:
     t0 = time.perf_counter()
     while not (store / "paused" / sandbox_id / "manifest.json").exists():
@@ -137,6 +140,12 @@ def _wait_parked(store: Path, sandbox_id: str, timeout: float = 120.0) -> float:
             raise RuntimeError(f"{sandbox_id} was not parked in {timeout}s")
         time.sleep(0.005)
     return time.perf_counter() - t0
+
+
+def _check_on(node: Node, sandbox_id: str) -> None:
+    with node.client() as c:
+        if c.get(f"/sandboxes/{sandbox_id}").status_code != 200:
+            raise RuntimeError(f"{sandbox_id} is not on node {node.extra_env['WARREN_NODE_ID']}")
 
 
 def _connect(sandbox_id: str, opts: dict[str, str]) -> float:
@@ -166,15 +175,19 @@ def _moves(work: Path, runsc: Path | None, scale: float) -> dict[str, Any]:
                     box.pause()
                     parked.append(_wait_parked(store, sandbox_id))
                     local.append(_connect(sandbox_id, opts))
+                    _check_on(nodes[0], sandbox_id)
                     box.pause()
                     _wait_parked(store, sandbox_id)
                     with gw.client() as c:
                         c.post("/nodes/bench-0", json={"status": "draining"})
+                    time.sleep(_GATEWAY_VIEW_S)  # the gateway re-reads node records this often
                     moved.append(_connect(sandbox_id, opts))
+                    _check_on(nodes[1], sandbox_id)
                 finally:
                     with gw.client() as c:
                         c.post("/nodes/bench-0", json={"status": "ready"})
                         c.delete(f"/sandboxes/{sandbox_id}")
+                    time.sleep(_GATEWAY_VIEW_S)  # so the next round's node 0 is ready again to the gateway
             out[template] = {"parked_after_pause": summary_ms(parked), "resume_on_its_node": summary_ms(local),
                              "resume_moved": summary_ms(moved)}  # fmt: skip
     return out
