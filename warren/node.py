@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -28,7 +29,7 @@ from .api.metrics import NodeMetrics
 from .cluster.membership import Heartbeat, NodeServices, advertise_url, node_id_of
 from .cluster.store import ClusterStore
 from .config import Settings
-from .errors import ConflictError, InvalidRequestError
+from .errors import ConflictError, InvalidRequestError, UnavailableError
 from .footprint import FootprintCaps, apply_footprint_caps
 from .ids import new_template_id
 from .images import LayerStore
@@ -274,7 +275,6 @@ async def _serve_locked(
                 sampler = group.create_task(manager.run_metrics(), name="metrics-sampler")
                 prewarm = group.create_task(node_runtimes.registry.prewarmer.run(), name="runtime-prewarm")
                 pool = group.create_task(manager.pool.run(), name="warm-pool")
-                mover = group.create_task(manager.run_mover(), name="shared-store-parking")
                 while not server.started:
                     if stop.is_set() or server.should_exit:
                         break
@@ -296,6 +296,9 @@ async def _serve_locked(
                                           interval_s=settings.cluster_heartbeat_s, ttl_s=settings.cluster_ttl_s,
                                           after=member.settle_moves)  # fmt: skip
                     beating = group.create_task(heartbeat.run(), name="cluster-heartbeat")
+                    manager.mover.check_owner(functools.partial(_bound_here, cluster, member.node_id))
+                # Parking starts once it knows whose sandboxes are whose (a cluster's bindings).
+                mover = group.create_task(manager.run_mover(), name="shared-store-parking")
                 await wait_event_or_task(stop, serving)
                 # Shutdown order (seed 000): refuse new work, preserve sandboxes while the API still
                 # answers (503 for new lifecycle calls), then stop HTTP, then the helpers.
@@ -332,6 +335,14 @@ async def _serve_locked(
 _PARK_AT_SHUTDOWN_S = 60.0
 """How long a stopping node spends copying its paused sandboxes to the shared store; the rest are parked
 at its next start."""
+
+
+async def _bound_here(cluster: ClusterStore, node_id: str, sandbox_id: str) -> bool:
+    """Whether the cluster binds ``sandbox_id`` to this node, or to none (Redis away: yes, so pauses park)."""
+    try:
+        return (await cluster.binding(sandbox_id)) in (None, node_id)
+    except UnavailableError:
+        return True
 
 
 def _shared_store(settings: Settings) -> SharedSnapshots | None:

@@ -354,6 +354,9 @@ def test_a_sigkilled_nodes_paused_sandboxes_resume_elsewhere_with_files_and_memo
         for sandbox_id, _ in made:
             _released(cluster, victim_id, sandbox_id)
             assert node_of(cluster, sandbox_id) != victim_id
+        time.sleep(4 * HEARTBEAT_S)  # a returning node parks what it holds paused, unless it moved away
+        for sandbox_id, _ in made:
+            assert not shared.parked(sandbox_id), f"node {victim_id} parked its stale copy of {sandbox_id}"
     finally:
         if victim.proc is None or victim.proc.poll() is not None:
             victim.start()

@@ -28,7 +28,7 @@ import contextlib
 import dataclasses
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -79,6 +79,10 @@ class SharedStore(Protocol):
     async def list(self, prefix: str) -> list[Any]: ...
 
 
+OwnerCheck = Callable[[str], Awaitable[bool]]
+"""``owns(sandbox_id)``: whether the sandbox is this node's to park (:meth:`Mover.check_owner`)."""
+
+
 def parked_key(sandbox_id: str) -> str:
     return PARKED + sandbox_id
 
@@ -122,9 +126,16 @@ class Mover:
         self._parked: set[str] = set()
         self._published: set[str] = set()
         self._releasing: set[str] = set()
+        self._owns: OwnerCheck | None = None
         self._generation: dict[str, int] = {}
         """Bumped by every resume: a copy taken at an older generation is stale when its upload ends."""
         table.on_discarded(self._discarded)
+
+    def check_owner(self, owns: OwnerCheck) -> None:
+        """Park only sandboxes ``owns(id)`` says are this node's (the cluster's binding): a node back from
+        the dead still holds paused sandboxes that moved elsewhere meanwhile, and must not overwrite their
+        parked copies with its stale ones before it releases them."""
+        self._owns = owns
 
     @property
     def enabled(self) -> bool:
@@ -199,6 +210,9 @@ class Mover:
         store = self._store()
         sandbox = self._table.lookup(sandbox_id)
         if sandbox is None or sandbox_id in self._parked:
+            return False
+        if self._owns is not None and not await self._owns(sandbox_id):
+            log.info("not parking sandbox %s: it is bound to another node (it moved)", sandbox_id)
             return False
         staging = self._dir / f"park-{sandbox_id}-{secrets.token_hex(4)}"
         try:
