@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -55,19 +53,6 @@ def cluster(
     ]  # fmt: skip
     with running_cluster(redis_server, nodes, gateways, key) as c:
         yield c
-
-
-@pytest.fixture
-def loopback_localhost(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``*.localhost`` names resolve to 127.0.0.1 for Python clients in this process (test-only)."""
-    real = socket.getaddrinfo
-
-    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(host, str) and host.endswith(".localhost"):
-            host = "127.0.0.1"
-        return real(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
 
 
 @pytest.fixture(autouse=True)

@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -41,19 +39,6 @@ def node(tmp_path_factory: pytest.TempPathFactory, patched_runsc: Path, node_ca:
     """This module's node: in domain mode (overrides the session's header-mode node)."""
     with e2e_node(tmp_path_factory, patched_runsc, node_ca) as n:
         yield n
-
-
-@pytest.fixture
-def loopback_localhost(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``*.localhost`` names resolve to 127.0.0.1 for Python clients in this process (test-only)."""
-    real = socket.getaddrinfo
-
-    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(host, str) and host.endswith(".localhost"):
-            host = "127.0.0.1"
-        return real(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
 
 
 def _trust(node: Node) -> ssl.SSLContext:

@@ -22,7 +22,7 @@ DOMAIN_HOST = "warren.localhost"
 """Domain-mode nodes serve ``<port>-<id>.warren.localhost:<port>``. The SDK's resolver (pyqwest) maps every
 ``*.localhost`` name to loopback (RFC 6761), so the unmodified SDK needs no /etc/hosts entry; Python's own
 resolver (glibc here) does not: tests that reach such names with httpx or websockets patch it
-(``tests.e2e.test_domain_mode.loopback_localhost``)."""
+(``tests.framework.tls.loopback_localhost``)."""
 
 
 def free_port() -> int:
