@@ -12,29 +12,18 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.framework.cluster import Cluster, Gateway, cluster_node, need_cluster_host, running_cluster
 from tests.framework.node import Node
+from tests.framework.prom import Samples, samples, value
 from tests.framework.redis import RedisServer
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
 def scrape(url: str) -> Samples:
     r = httpx.get(f"{url}/metrics", timeout=30)
     assert r.status_code == 200, r.text
-    out: Samples = {}
-    for family in text_string_to_metric_families(r.text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(scraped: Samples, name: str, **labels: str) -> float:
-    return scraped.get((name, tuple(sorted(labels.items()))), 0.0)
+    return samples(r.text)
 
 
 def eventually(url: str, check: Callable[[Samples], bool], timeout: float = 15.0) -> Samples:

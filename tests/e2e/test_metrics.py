@@ -5,26 +5,16 @@ routes are unchanged."""
 from __future__ import annotations
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.framework.node import Node
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+from tests.framework.prom import Samples, samples, value
 
 
 def scrape(node: Node) -> Samples:
     r = httpx.get(f"{node.url}/metrics", verify=node.verify(), timeout=30)  # no key: public by default
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
-    out: Samples = {}
-    for family in text_string_to_metric_families(r.text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(scraped: Samples, name: str, **labels: str) -> float:
-    return scraped.get((name, tuple(sorted(labels.items()))), 0.0)
+    return samples(r.text)
 
 
 def ops(scraped: Samples, runtime: str) -> dict[str, float]:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.framework.fakes import FakeAgent, FakeRuntime
+from tests.framework.prom import Samples, samples, value
 from warren.api import Services, create_app
 from warren.api.metrics import CONTENT_TYPE, NodeMetrics
 from warren.config import Settings
@@ -22,22 +22,6 @@ from warren.runtime.base import RuntimeKind
 from warren.store import Database, SandboxRepo, TemplateRecord, TemplateRepo
 
 KEY = "wrn_unit"
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def samples(text: str) -> Samples:
-    """Every sample of a scrape by (name, sorted labels)."""
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(scraped: Samples, name: str, **labels: str) -> float:
-    return scraped.get((name, tuple(sorted(labels.items()))), 0.0)
-
 
 @dataclass
 class FakeState:

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.framework.prom import Samples, samples, value
 from warren.cluster.gateway import GatewaySettings, create_gateway_app
 from warren.cluster.gateway.metrics import GatewayMetrics
 from warren.cluster.records import NodeInfo, NodeView, TemplateInfo
@@ -18,21 +18,6 @@ from warren.cluster.store import ClusterStore, Reserved
 
 KEY = "wrn_unit"
 BASE = TemplateInfo("t-base", "base", "runc")
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def samples(text: str) -> Samples:
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(scraped: Samples, name: str, **labels: str) -> float:
-    return scraped.get((name, tuple(sorted(labels.items()))), 0.0)
-
 
 def view(node_id: str, *, alive: bool = True, draining: bool = False, active: int = 0, cap: int = 4) -> NodeView:
     info = NodeInfo(
